@@ -1,0 +1,161 @@
+// ELF images, from a file or from another process's memory.
+//
+// Remora reads ELF with its own reader rather than elfutils' libelf: it must
+// parse *partial* images straight out of a target's memory (only the bytes
+// that PT_LOAD mapped, no section headers, reached through a read callback),
+// treat every byte as untrusted (bounds-checked everywhere), and stay cheap to
+// cache per (device, inode, build id). libelf's elf_memory() wants one
+// contiguous, complete image and offers nothing for the PT_DYNAMIC-only route,
+// so the reader would be half ours anyway. Only ELF64 little-endian images
+// (x86_64, aarch64) are accepted.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/result.h"
+
+namespace remora::elf {
+
+struct LoadSegment {
+  uint64_t vaddr = 0, memsz = 0;
+  uint64_t offset = 0, filesz = 0;
+  uint64_t align = 0;
+  uint32_t flags = 0;  // PF_R | PF_W | PF_X
+};
+
+struct Symbol {
+  std::string name;
+  uint64_t value = 0;  // st_value: unbiased (add the load bias for a runtime address)
+  uint64_t size = 0;
+  unsigned char type = 0;  // STT_FUNC, STT_OBJECT, STT_GNU_IFUNC, ...
+  unsigned char bind = 0;  // STB_GLOBAL, STB_WEAK, STB_LOCAL
+  uint16_t shndx = 0;
+};
+
+// Reads `out.size()` bytes at virtual address `addr` of a running image.
+using ReadFn = std::function<Result<void>(uint64_t addr, std::span<std::byte> out)>;
+
+// A parsed, immutable ELF image. Thread-safe to share after construction.
+class ElfImage {
+ public:
+  // Parses a complete file image (the whole file's bytes), for example read
+  // from an fd. Section headers are used when present (.dynsym, .symtab);
+  // otherwise the PT_DYNAMIC route (DT_SYMTAB/DT_STRTAB/DT_GNU_HASH/DT_HASH).
+  static Result<std::shared_ptr<const ElfImage>> from_file_bytes(std::vector<std::byte> bytes);
+  // Reads and parses the file behind `fd` (whole file; fd stays open and owned by the caller).
+  static Result<std::shared_ptr<const ElfImage>> from_fd(int fd);
+  // Parses an image mapped at `base` (the address of its ELF header, i.e. the
+  // start of the mapping with file offset 0) in another process, through
+  // `read`. Only program headers and what PT_DYNAMIC points at are used; the
+  // dynamic entries hold runtime (biased) addresses in a loaded image, which
+  // the reader accounts for.
+  static Result<std::shared_ptr<const ElfImage>> from_memory(uint64_t base, const ReadFn& read);
+
+  uint16_t type() const { return type_; }        // ET_DYN, ET_EXEC
+  uint16_t machine() const { return machine_; }  // EM_X86_64, EM_AARCH64
+  uint64_t entry() const { return entry_; }
+  bool has_interp() const { return has_interp_; }
+  bool has_dynamic() const { return has_dynamic_; }
+  const std::vector<LoadSegment>& load_segments() const { return loads_; }
+  // GNU Build ID (NT_GNU_BUILD_ID in a PT_NOTE or .note.gnu.build-id); empty if none.
+  const std::vector<std::byte>& build_id() const { return build_id_; }
+  std::string build_id_hex() const;
+  const std::string& soname() const { return soname_; }  // DT_SONAME, or empty
+
+  // Looks a defined symbol up by name: GNU hash, else SysV hash, else a linear
+  // scan of .dynsym; then .symtab when present. Undefined symbols (shndx 0)
+  // are never returned. A versioned default ("name@@VER") matches "name".
+  std::optional<Symbol> find_symbol(std::string_view name) const;
+
+  // All defined function symbols (dynsym and symtab, deduplicated by address).
+  std::vector<Symbol> function_symbols() const;
+
+  // The load bias given where one mapping of the file landed: `map_start` is
+  // the mapping's start address and `map_offset` its file offset. The mapping
+  // must correspond to a PT_LOAD (its offset equals that segment's
+  // offset rounded down to the page size). Errc::kParse otherwise.
+  Result<uint64_t> bias_for_mapping(uint64_t map_start, uint64_t map_offset,
+                                    uint64_t page_size = 4096) const;
+
+  // The PT_LOAD segment containing unbiased virtual address `vaddr`, if any.
+  const LoadSegment* segment_for(uint64_t vaddr) const;
+
+ private:
+  friend class ElfParser;
+  ElfImage() = default;
+
+  uint16_t type_ = 0, machine_ = 0;
+  uint64_t entry_ = 0;
+  bool has_interp_ = false, has_dynamic_ = false;
+  std::vector<LoadSegment> loads_;
+  std::vector<std::byte> build_id_;
+  std::string soname_;
+  // Symbol tables, copied out of the image so the bytes need not be kept.
+  std::vector<Symbol> dynsyms_;   // index order of .dynsym (hash buckets refer to indices)
+  std::vector<Symbol> symtab_;    // .symtab, when present
+  // Hash tables over dynsyms_ (either may be empty).
+  struct GnuHash {
+    uint32_t symoffset = 0, bloom_shift = 0;
+    std::vector<uint64_t> bloom;
+    std::vector<uint32_t> buckets, chain;
+  } gnu_;
+  struct SysvHash {
+    std::vector<uint32_t> buckets, chain;
+  } sysv_;
+  std::unordered_map<std::string_view, size_t> symtab_index_;  // into symtab_
+};
+
+// Validates and walks an ELF note area (PT_NOTE contents). Returns the GNU
+// Build ID (name "GNU", type NT_GNU_BUILD_ID) if one is present; checks
+// bounds and 4-byte alignment of every note. Shared by the file and memory
+// readers so both validate identically.
+Result<std::optional<std::vector<std::byte>>> find_build_id_in_notes(std::span<const std::byte> notes);
+
+// Hash functions used by the dynamic loader (exposed for tests).
+uint32_t gnu_hash(std::string_view name);
+uint32_t sysv_hash(std::string_view name);
+
+// A process-wide cache of parsed images keyed by (device, inode, build id), so
+// that attaching to many processes that share libc parses libc once.
+class ImageCache {
+ public:
+  struct Key {
+    uint64_t dev = 0, inode = 0;
+    std::string build_id_hex;  // may be empty
+    bool operator==(const Key&) const = default;
+  };
+
+  static ImageCache& global();
+
+  // Returns the cached image for `key`, or calls `load` once and caches a
+  // successful result. Concurrent callers for the same key may both load; one
+  // result wins. Errors are not cached.
+  Result<std::shared_ptr<const ElfImage>> get_or_load(
+      const Key& key, const std::function<Result<std::shared_ptr<const ElfImage>>()>& load);
+
+  size_t size() const;
+  uint64_t loads() const;  // how many times `load` ran (for tests)
+  void clear();
+
+ private:
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<const ElfImage>, KeyHash> map_;
+  uint64_t loads_ = 0;
+};
+
+}  // namespace remora::elf

@@ -1,0 +1,127 @@
+// remote::Target — a session with one running process, in which Remora makes
+// one thread call a function (or a system call) and return, leaving the
+// process exactly as it was.
+//
+// How a call works (x86_64; see remote/target.cc for the details and why):
+//  * Only the chosen thread T stops: it is seized, interrupted, used and
+//    detached again within the one call. Every other thread keeps running.
+//  * T's general registers, full xsave area, signal mask and syscall-restart
+//    state are restored afterwards; a thread interrupted inside read,
+//    nanosleep, epoll_wait, futex, accept or waitpid finishes that call as if
+//    nothing had happened.
+//  * The code run by T lives in a private scratch mapping of the target,
+//    created on the first call and removed by close(). The call runs on T's
+//    own stack below the red zone, 16-byte aligned.
+//  * A frame built on T's stack lets T restore itself (rt_sigreturn) if the
+//    controller dies at any instant: the target goes on running correctly.
+//    In that case only the scratch mapping (two pages) remains.
+//  * Signals that arrive meanwhile stay pending and are delivered afterwards;
+//    a job-control stop that arrives meanwhile leaves the process stopped.
+//
+// Threading: a Target may be used from any thread; calls on one Target are
+// serialised by an internal mutex. Each call seizes and releases its thread
+// on the calling OS thread, so no ptrace state outlives a call.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/remote_ptr.h"
+#include "base/result.h"
+#include "base/unique_fd.h"
+
+namespace remora::remote {
+
+// One argument of a remote call: an integer/pointer passed as is, or bytes
+// copied into the target's scratch memory whose address is passed instead.
+struct CallArg {
+  enum class Kind { kInteger, kBytes };
+  Kind kind = Kind::kInteger;
+  uint64_t value = 0;
+  std::vector<std::byte> bytes;
+
+  static CallArg integer(uint64_t v);
+  // A NUL-terminated copy of `s`.
+  static CallArg string(std::string_view s);
+  static CallArg buffer(std::span<const std::byte> b);
+};
+
+struct CallOptions {
+  // Thread to use; 0 lets Remora choose (it prefers a thread blocked in a
+  // restartable system call, and avoids threads in uninterruptible sleep).
+  pid_t tid = 0;
+  // Deadline for the whole call, seize to release.
+  std::chrono::milliseconds timeout{5000};
+};
+
+// What a call observed, beyond its return value.
+struct CallReport {
+  uint64_t value = 0;  // rax (x86_64) / x0 (aarch64)
+  pid_t tid = 0;       // the thread that ran the call
+  std::chrono::nanoseconds stopped{0};  // how long T was held, seize to release
+};
+
+class Target {
+ public:
+  // Opens a session with process `pid` (as the caller sees it). Checks, in
+  // this order, each with its own error code and a message saying what to do:
+  // no such process, the caller's own process, a zombie, a kernel thread,
+  // another tracer holds it (names the tracer pid), ptrace refused (names the
+  // refusing rule: uid, CAP_SYS_PTRACE, Yama ptrace_scope, not dumpable).
+  // Statically linked targets are refused when a call needs libc.
+  static Result<std::unique_ptr<Target>> open(pid_t pid);
+  ~Target();  // close(), errors ignored
+  Target(const Target&) = delete;
+  Target& operator=(const Target&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // The pid as the target sees itself (last NSpid entry); == pid() outside namespaces.
+  pid_t ns_pid() const { return ns_pid_; }
+
+  // Address of `symbol` in library `library` of the target. `library` is an
+  // exact path, a soname ("libc.so.6") or a basename prefix ("libc"); empty
+  // means: the main executable, then every loaded library in map order.
+  Result<RemoteAddr> find_symbol(std::string_view library, std::string_view symbol);
+
+  // Makes one thread call `fn` with up to six integer arguments (bytes
+  // arguments are copied into the target first) and returns its result.
+  Result<CallReport> call(RemoteAddr fn, std::span<const CallArg> args, const CallOptions& opts = {});
+  // find_symbol + call.
+  Result<CallReport> call_symbol(std::string_view library, std::string_view symbol,
+                                 std::span<const CallArg> args, const CallOptions& opts = {});
+  // Makes one thread execute system call `nr`; returns the raw result
+  // (negative errno on failure, as the kernel returns it).
+  Result<CallReport> syscall(long nr, std::span<const uint64_t> args, const CallOptions& opts = {});
+
+  // Reads/writes target memory (through /proc/PID/mem, so read-only mappings
+  // can be written, as a debugger does).
+  Result<void> read(RemoteAddr addr, std::span<std::byte> out);
+  Result<void> write(RemoteAddr addr, std::span<const std::byte> in);
+
+  // Removes the scratch mapping (one more remote system call) and ends the
+  // session. Idempotent.
+  Result<void> close();
+
+  // Whether a scratch mapping currently exists (for tests).
+  std::optional<uint64_t> scratch_address() const;
+
+ private:
+  struct Impl;
+  explicit Target(pid_t pid);
+  pid_t pid_;
+  pid_t ns_pid_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace remora::remote
