@@ -1,0 +1,150 @@
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "arch/aarch64.h"
+#include "arch/x86_64.h"
+
+namespace remora::arch {
+namespace {
+
+namespace x = x86_64;
+
+x::Regs in_syscall(long nr, int64_t ret, uint64_t rip = 0x1002) {
+  x::Regs r{};
+  r.orig_rax = static_cast<uint64_t>(nr);
+  r.rax = static_cast<uint64_t>(ret);
+  r.rip = rip;
+  return r;
+}
+
+TEST(X86_64Restart, Classification) {
+  struct Case {
+    long nr;
+    int64_t ret;
+    bool pending;
+    RestartKind want;
+  } cases[] = {
+      {x::nr::kRead, kERestartSys, false, RestartKind::kRestart},
+      {x::nr::kRead, kERestartSys, true, RestartKind::kRestart},
+      {x::nr::kFutex, kERestartRestartBlock, false, RestartKind::kRestartBlock},
+      {x::nr::kNanosleep, kERestartRestartBlock, false, RestartKind::kRestartBlock},
+      {x::nr::kPpoll, kERestartNoHand, false, RestartKind::kRestart},
+      {x::nr::kAccept, kERestartNoIntr, false, RestartKind::kRestart},
+      {x::nr::kEpollWait, -EINTR, false, RestartKind::kReissueOnEintr},
+      {x::nr::kEpollPwait, -EINTR, false, RestartKind::kReissueOnEintr},
+      {x::nr::kEpollWait, -EINTR, true, RestartKind::kNone},   // a real signal: keep EINTR
+      {x::nr::kRead, -EINTR, false, RestartKind::kNone},       // read's EINTR is always genuine
+      {x::nr::kRead, 5, false, RestartKind::kNone},            // completed
+      {-1, kERestartSys, false, RestartKind::kNone},           // not in a syscall
+  };
+  for (const auto& c : cases)
+    EXPECT_EQ(x::classify_restart(in_syscall(c.nr, c.ret), c.pending), c.want) << c.nr << " " << c.ret;
+}
+
+TEST(X86_64Restart, ResumeRegisters) {
+  auto r = in_syscall(x::nr::kRead, kERestartSys, 0x5002);
+  auto out = x::resume_registers(r, RestartKind::kRestart, true);
+  EXPECT_EQ(out.rip, 0x5000u);
+  EXPECT_EQ(out.rax, static_cast<uint64_t>(x::nr::kRead));
+  EXPECT_EQ(static_cast<int64_t>(out.orig_rax), -1);
+
+  auto nb = in_syscall(x::nr::kNanosleep, kERestartRestartBlock, 0x5002);
+  EXPECT_EQ(x::resume_registers(nb, RestartKind::kRestartBlock, true).rax,
+            static_cast<uint64_t>(x::nr::kRestartSyscall));
+  EXPECT_EQ(x::resume_registers(nb, RestartKind::kRestartBlock, false).rax,
+            static_cast<uint64_t>(x::nr::kNanosleep));
+
+  auto done = in_syscall(x::nr::kRead, 7, 0x5002);
+  auto same = x::resume_registers(done, RestartKind::kNone, true);
+  EXPECT_EQ(same.rip, 0x5002u);
+  EXPECT_EQ(same.rax, 7u);
+}
+
+TEST(X86_64Restart, MaskSwappingCalls) {
+  EXPECT_TRUE(x::swaps_signal_mask(x::nr::kPpoll));
+  EXPECT_TRUE(x::swaps_signal_mask(x::nr::kRtSigsuspend));
+  EXPECT_FALSE(x::swaps_signal_mask(x::nr::kRead));
+  EXPECT_FALSE(x::swaps_signal_mask(x::nr::kEpollWait));
+}
+
+TEST(X86_64Stub, LayoutMatchesOffsets) {
+  auto code = x::stub_code();
+  auto at = [&](uint64_t off) { return static_cast<uint8_t>(code[off]); };
+  // call *%r11 at the call entry.
+  EXPECT_EQ(at(x::Stub::kCallEntry), 0x41);
+  EXPECT_EQ(at(x::Stub::kCallEntry + 2), 0xd3);
+  // The final syscall of each stub ends where the engine expects it.
+  EXPECT_EQ(at(x::Stub::kCallReturnSyscallEnd - 2), 0x0f);
+  EXPECT_EQ(at(x::Stub::kCallReturnSyscallEnd - 1), 0x05);
+  EXPECT_EQ(at(x::Stub::kSyscallEntry), 0x0f);
+  EXPECT_EQ(at(x::Stub::kSyscallEnd - 1), 0x05);
+  EXPECT_EQ(at(x::Stub::kSyscallReturnSyscallEnd - 2), 0x0f);
+  EXPECT_EQ(at(x::Stub::kSyscallReturnSyscallEnd - 1), 0x05);
+  // mov $15,%eax precedes each final syscall.
+  EXPECT_EQ(at(x::Stub::kCallReturnSyscallEnd - 10), 0xb8);
+  EXPECT_EQ(at(x::Stub::kCallReturnSyscallEnd - 9), 15);
+}
+
+TEST(X86_64Frame, FpstateHeader) {
+  std::vector<std::byte> xs(832, std::byte{0});
+  uint64_t xcr0 = 0x7;
+  std::memcpy(xs.data() + x::kFxSwBytesOffset, &xcr0, 8);
+  std::vector<std::byte> out(xs.size() + 4);
+  x::prepare_fpstate(out, xs);
+  uint32_t magic1, ext, size, magic2;
+  uint64_t feat;
+  std::memcpy(&magic1, out.data() + 464, 4);
+  std::memcpy(&ext, out.data() + 468, 4);
+  std::memcpy(&feat, out.data() + 472, 8);
+  std::memcpy(&size, out.data() + 480, 4);
+  std::memcpy(&magic2, out.data() + xs.size(), 4);
+  EXPECT_EQ(magic1, x::kFpXstateMagic1);
+  EXPECT_EQ(ext, xs.size() + 4);
+  EXPECT_EQ(feat, 7u);
+  EXPECT_EQ(size, xs.size());
+  EXPECT_EQ(magic2, x::kFpXstateMagic2);
+}
+
+TEST(X86_64Frame, SigcontextCarriesRegisters) {
+  x::Regs r{};
+  r.rip = 0x1234;
+  r.rsp = 0x7ff0;
+  r.rbx = 42;
+  r.cs = 0x33;
+  r.ss = 0x2b;
+  auto sc = x::sigcontext_from(r, 0x9000);
+  EXPECT_EQ(sc.rip, 0x1234u);
+  EXPECT_EQ(sc.rsp, 0x7ff0u);
+  EXPECT_EQ(sc.rbx, 42u);
+  EXPECT_EQ(sc.cs, 0x33);
+  EXPECT_EQ(sc.ss, 0x2b);
+  EXPECT_EQ(sc.fpstate, 0x9000u);
+  EXPECT_EQ(offsetof(x::UContext, uc_mcontext), 40u);
+  EXPECT_EQ(offsetof(x::UContext, uc_sigmask), 296u);
+}
+
+TEST(Aarch64, Encodings) {
+  EXPECT_EQ(aarch64::encode_blr(16), 0xd63f0200u);
+  EXPECT_EQ(aarch64::encode_svc0(), 0xd4000001u);
+  EXPECT_EQ(aarch64::encode_brk(0), 0xd4200000u);
+  EXPECT_EQ(aarch64::encode_movz(8, 139), 0xd2801168u);
+  EXPECT_EQ(aarch64::encode_mov_to_sp(19), 0x9100027fu);
+  auto code = aarch64::stub_code();
+  EXPECT_EQ(code[0], aarch64::encode_blr(16));
+  EXPECT_EQ(code[aarch64::Stub::kSyscallEntry / 4], aarch64::encode_svc0());
+}
+
+TEST(Aarch64, Restart) {
+  using aarch64::classify_restart;
+  EXPECT_EQ(classify_restart(aarch64::nr::kRead, kERestartSys, false), RestartKind::kRestart);
+  EXPECT_EQ(classify_restart(aarch64::nr::kEpollPwait, -EINTR, false), RestartKind::kReissueOnEintr);
+  EXPECT_EQ(classify_restart(aarch64::nr::kEpollPwait, -EINTR, true), RestartKind::kNone);
+  EXPECT_EQ(classify_restart(-1, kERestartSys, false), RestartKind::kNone);
+  EXPECT_EQ(aarch64::kRedZone, 0u);
+}
+
+}  // namespace
+}  // namespace remora::arch

@@ -1,0 +1,135 @@
+// x86_64 traits: register layout, system call numbers, the restart rules, the
+// signal frame the kernel's rt_sigreturn reads, and the stub code Remora runs
+// in a target. This header compiles on every host (it does not include the
+// host's <sys/user.h>); src/ptrace maps the host register set onto it.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "arch/syscall_restart.h"
+
+namespace remora::arch::x86_64 {
+
+// Same layout as the kernel's struct user_regs_struct (asm/user_64.h).
+struct Regs {
+  uint64_t r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi, orig_rax, rip,
+      cs, eflags, rsp, ss, fs_base, gs_base, ds, es, fs, gs;
+};
+static_assert(sizeof(Regs) == 27 * 8);
+
+// System call numbers (arch/x86/entry/syscalls/syscall_64.tbl).
+namespace nr {
+inline constexpr long kRead = 0, kWrite = 1, kClose = 3, kPoll = 7, kMmap = 9, kMprotect = 10,
+                      kMunmap = 11, kRtSigaction = 13, kRtSigprocmask = 14, kRtSigreturn = 15,
+                      kSelect = 23, kMadvise = 28, kPause = 34, kNanosleep = 35, kGetpid = 39,
+                      kAccept = 43, kRecvfrom = 45, kRecvmsg = 47, kWait4 = 61, kSemop = 65,
+                      kMsgrcv = 70, kRtSigtimedwait = 128, kRtSigsuspend = 130, kPrctl = 157,
+                      kGettid = 186, kFutex = 202, kIoGetevents = 208, kRestartSyscall = 219,
+                      kSemtimedop = 220, kClockNanosleep = 230, kEpollWait = 232, kWaitid = 247,
+                      kPselect6 = 270, kPpoll = 271, kEpollPwait = 281, kAccept4 = 288,
+                      kIoPgetevents = 333, kMemfdCreate = 319, kEpollPwait2 = 441;
+}  // namespace nr
+
+inline constexpr uint64_t kRedZone = 128;     // System V ABI 3.2.2
+inline constexpr uint64_t kStackAlign = 16;   // rsp % 16 == 0 before `call`
+inline constexpr uint64_t kSyscallInsnLen = 2;  // 0f 05
+
+// Calls the kernel never restarts after a stop and that return -EINTR even
+// when no signal was delivered (measured: epoll_wait returns EINTR after a
+// bare seize+interrupt+detach). See signal(7), "Interruption of system calls".
+bool never_restarted(long nr);
+// Calls that install a temporary signal mask for their duration and leave the
+// saved mask to be restored by the kernel on return (TIF_RESTORE_SIGMASK).
+// Setting the mask with PTRACE_SETSIGMASK while one is in flight would lose
+// the saved mask, so Remora blocks signals from inside the stub instead.
+bool swaps_signal_mask(long nr);
+
+// Classifies how the thread whose registers are `r` (at a ptrace stop) must be
+// resumed. `signal_pending` says whether an unblocked signal is pending for it
+// (then an -EINTR is genuine and must be kept).
+RestartKind classify_restart(const Regs& r, bool signal_pending);
+
+// The registers the thread must resume with so that the interrupted call
+// completes transparently, with orig_rax = -1 (no further restart logic).
+// For kRestartBlock, `use_restart_syscall` chooses restart_syscall (exact
+// remaining timeout; only valid while the kernel's restart_block is intact)
+// or re-issuing the original call (used in the self-restoring frame, because
+// rt_sigreturn resets restart_block).
+Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall);
+
+// ---- the kernel's signal frame (arch/x86/include/uapi/asm/sigcontext.h) ----
+struct SigContext {
+  uint64_t r8, r9, r10, r11, r12, r13, r14, r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip,
+      eflags;
+  uint16_t cs, gs, fs, ss;
+  uint64_t err, trapno, oldmask, cr2;
+  uint64_t fpstate;  // address of the xsave area (64-byte aligned)
+  uint64_t reserved1[8];
+};
+static_assert(sizeof(SigContext) == 256);
+
+struct StackT {
+  uint64_t ss_sp;
+  int32_t ss_flags;
+  int32_t pad;
+  uint64_t ss_size;
+};
+
+struct UContext {
+  uint64_t uc_flags;
+  uint64_t uc_link;
+  StackT uc_stack;
+  SigContext uc_mcontext;
+  uint64_t uc_sigmask;  // the kernel's sigset_t is 64 bits on x86_64
+};
+static_assert(sizeof(UContext) == 304);
+
+inline constexpr uint64_t kUcFpXstate = 0x1, kUcSigcontextSs = 0x2, kUcStrictRestoreSs = 0x4;
+inline constexpr uint32_t kFpXstateMagic1 = 0x46505853, kFpXstateMagic2 = 0x46505845;
+inline constexpr size_t kFxSwBytesOffset = 464;  // sw_reserved in the fxsave area
+inline constexpr int32_t kSsFlagsInvalid = 3;    // SS_ONSTACK|SS_DISABLE: rejected by sigaltstack
+
+// Builds the sigcontext for `r` (already resume-adjusted).
+SigContext sigcontext_from(const Regs& r, uint64_t fpstate_addr);
+
+// Prepares a copy of a PTRACE_GETREGSET(NT_X86_XSTATE) buffer for use as a
+// signal-frame fpstate: the ptrace format keeps XCR0 in sw_reserved, the
+// signal frame wants the fx_sw_bytes header there (magic1, sizes, features)
+// and magic2 right after the state. Returns size + 4 bytes.
+void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::byte> ptrace_xstate);
+
+// ---- stub code, written at the start of the scratch mapping ----
+//
+// At entry to either stub: rbx = address of the frame's ucontext (rt_sigreturn
+// finds the frame at rsp - 8), rsp = a 16-byte aligned stack below the frame.
+//
+//  call stub   (r11 = function, rdi..r9 = arguments, rax = 0):
+//    call *%r11; mov %rax,%rdi; mov $15,%eax; mov %rbx,%rsp; syscall; ud2
+//  syscall stub (rax = number, rdi,rsi,rdx,r10,r8,r9 = arguments):
+//    syscall;    mov %rax,%rdi; mov $15,%eax; mov %rbx,%rsp; syscall; ud2
+//
+// Both end in rt_sigreturn on the frame, so a thread whose controller died
+// restores itself. A live controller stops the thread at the rt_sigreturn
+// syscall-entry (PTRACE_SYSCALL), reads the result from rdi and restores the
+// thread itself instead.
+struct Stub {
+  static constexpr uint64_t kCallEntry = 0;
+  static constexpr uint64_t kCallReturnSyscallEnd = 16;  // rip after the final syscall
+  static constexpr uint64_t kSyscallEntry = 32;
+  static constexpr uint64_t kSyscallEnd = 34;            // rip after the requested syscall
+  static constexpr uint64_t kSyscallReturnSyscallEnd = 47;
+  static constexpr size_t kSize = 64;
+};
+std::array<std::byte, Stub::kSize> stub_code();
+
+// glibc's __restore_rt (the sa_restorer it installs): mov $15,%rax; syscall.
+inline constexpr std::array<uint8_t, 9> kRestoreRtPattern = {0x48, 0xc7, 0xc0, 0x0f, 0x00,
+                                                             0x00, 0x00, 0x0f, 0x05};
+// glibc's syscall(): the instruction after its `syscall` is cmp $-4095,%rax.
+inline constexpr std::array<uint8_t, 8> kSyscallFnTail = {0x0f, 0x05, 0x48, 0x3d,
+                                                          0x01, 0xf0, 0xff, 0xff};
+
+}  // namespace remora::arch::x86_64

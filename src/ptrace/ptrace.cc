@@ -1,0 +1,309 @@
+#include "ptrace/ptrace.h"
+
+#include <elf.h>
+#include <sched.h>
+#include <sys/ptrace.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "base/log.h"
+#include "base/strings.h"
+#include "procfs/procfs.h"
+
+namespace remora::ptrace {
+namespace {
+
+static_assert(sizeof(Regs) == sizeof(user_regs_struct), "arch::x86_64::Regs must mirror user_regs_struct");
+
+const char* request_name(int req) {
+  switch (req) {
+    case PTRACE_SEIZE: return "SEIZE";
+    case PTRACE_INTERRUPT: return "INTERRUPT";
+    case PTRACE_DETACH: return "DETACH";
+    case PTRACE_CONT: return "CONT";
+    case PTRACE_SYSCALL: return "SYSCALL";
+    case PTRACE_GETREGS: return "GETREGS";
+    case PTRACE_SETREGS: return "SETREGS";
+    case PTRACE_GETREGSET: return "GETREGSET";
+    case PTRACE_SETREGSET: return "SETREGSET";
+    case PTRACE_GETSIGMASK: return "GETSIGMASK";
+    case PTRACE_SETSIGMASK: return "SETSIGMASK";
+    case PTRACE_GETSIGINFO: return "GETSIGINFO";
+    case PTRACE_GET_SYSCALL_INFO: return "GET_SYSCALL_INFO";
+    default: return "?";
+  }
+}
+
+// The one place that calls ptrace(2).
+Result<long> request(int req, pid_t tid, void* addr, void* data) {
+  errno = 0;
+  long rc = ::ptrace(static_cast<__ptrace_request>(req), tid, addr, data);
+  int err = errno;
+  REMORA_LOG(kPtrace, "PTRACE_%s tid=%d addr=%p data=%p -> %ld%s%s", request_name(req), tid, addr, data, rc,
+             rc == -1 ? " errno=" : "", rc == -1 ? std::strerror(err) : "");
+  if (rc == -1 && err != 0) {
+    std::string what = std::string("ptrace(PTRACE_") + request_name(req) + ", " + std::to_string(tid) + ")";
+    Error e = Error::from_errno(what, err);
+    if (err == ESRCH) return Error(Errc::kTargetExited, what + ": thread is gone or not stopped", err);
+    return e;
+  }
+  return rc;
+}
+
+Result<void> simple(int req, pid_t tid, void* addr, void* data) {
+  REMORA_TRY(request(req, tid, addr, data));
+  return ok();
+}
+
+void* sig_arg(int sig) { return reinterpret_cast<void*>(static_cast<uintptr_t>(sig)); }
+
+bool has_cap_sys_ptrace() {
+  auto text = procfs::read_text("/proc/self/status");
+  if (!text) return false;
+  size_t pos = text->find("CapEff:");
+  if (pos == std::string::npos) return false;
+  auto line = text->substr(pos + 7, text->find('\n', pos) - pos - 7);
+  auto caps = parse_u64(trim(line), 16);
+  return caps && (*caps & (1ull << 19)) != 0;  // CAP_SYS_PTRACE = 19
+}
+
+}  // namespace
+
+Result<void> seize(pid_t pid, pid_t tid, unsigned long options) {
+  auto r = request(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void*>(options));
+  if (!r) {
+    int err = r.error().sys_errno();
+    if (err == ESRCH) return Error(Errc::kNoSuchProcess, "thread " + std::to_string(tid) + " of process " +
+                                                             std::to_string(pid) + " no longer exists", err);
+    return diagnose_attach_failure(pid, err);
+  }
+  return ok();
+}
+
+Result<void> interrupt(pid_t tid) { return simple(PTRACE_INTERRUPT, tid, nullptr, nullptr); }
+Result<void> detach(pid_t tid, int sig) { return simple(PTRACE_DETACH, tid, nullptr, sig_arg(sig)); }
+Result<void> cont(pid_t tid, int sig) { return simple(PTRACE_CONT, tid, nullptr, sig_arg(sig)); }
+Result<void> cont_syscall(pid_t tid, int sig) { return simple(PTRACE_SYSCALL, tid, nullptr, sig_arg(sig)); }
+
+Result<Regs> get_regs(pid_t tid) {
+  Regs r{};
+  REMORA_TRY(request(PTRACE_GETREGS, tid, nullptr, &r));
+  return r;
+}
+
+Result<void> set_regs(pid_t tid, const Regs& regs) {
+  return simple(PTRACE_SETREGS, tid, nullptr, const_cast<Regs*>(&regs));
+}
+
+Result<std::vector<std::byte>> get_xstate(pid_t tid) {
+  // Large enough for every xsave layout shipped so far (AMX included: ~11 KiB).
+  std::vector<std::byte> buf(16384);
+  iovec iov{buf.data(), buf.size()};
+  REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov));
+  buf.resize(iov.iov_len);
+  return buf;
+}
+
+Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate) {
+  iovec iov{const_cast<std::byte*>(xstate.data()), xstate.size()};
+  return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov);
+}
+
+Result<uint64_t> get_sigmask(pid_t tid) {
+  uint64_t mask = 0;
+  REMORA_TRY(request(PTRACE_GETSIGMASK, tid, reinterpret_cast<void*>(sizeof mask), &mask));
+  return mask;
+}
+
+Result<void> set_sigmask(pid_t tid, uint64_t mask) {
+  return simple(PTRACE_SETSIGMASK, tid, reinterpret_cast<void*>(sizeof mask), &mask);
+}
+
+Result<siginfo_t> get_siginfo(pid_t tid) {
+  siginfo_t si{};
+  REMORA_TRY(request(PTRACE_GETSIGINFO, tid, nullptr, &si));
+  return si;
+}
+
+Result<SyscallInfo> get_syscall_info(pid_t tid) {
+  __ptrace_syscall_info raw{};
+  REMORA_TRY(request(PTRACE_GET_SYSCALL_INFO, tid, reinterpret_cast<void*>(sizeof raw), &raw));
+  SyscallInfo info;
+  info.ip = raw.instruction_pointer;
+  info.sp = raw.stack_pointer;
+  switch (raw.op) {
+    case PTRACE_SYSCALL_INFO_ENTRY:
+      info.op = SyscallInfo::Op::kEntry;
+      info.nr = static_cast<long>(raw.entry.nr);
+      break;
+    case PTRACE_SYSCALL_INFO_EXIT:
+      info.op = SyscallInfo::Op::kExit;
+      info.ret = raw.exit.rval;
+      info.is_error = raw.exit.is_error != 0;
+      break;
+    case PTRACE_SYSCALL_INFO_SECCOMP:
+      info.op = SyscallInfo::Op::kSeccomp;
+      info.nr = static_cast<long>(raw.seccomp.nr);
+      break;
+    default:
+      break;
+  }
+  return info;
+}
+
+const char* stop_kind_name(Stop::Kind k) {
+  switch (k) {
+    case Stop::Kind::kSignalDelivery: return "signal-delivery";
+    case Stop::Kind::kGroupStop: return "group-stop";
+    case Stop::Kind::kInterrupt: return "interrupt";
+    case Stop::Kind::kSyscall: return "syscall";
+    case Stop::Kind::kEvent: return "event";
+    case Stop::Kind::kExited: return "exited";
+    case Stop::Kind::kKilled: return "killed";
+  }
+  return "?";
+}
+
+namespace {
+
+Stop decode(int status) {
+  Stop s{Stop::Kind::kExited};
+  if (WIFEXITED(status)) {
+    s.kind = Stop::Kind::kExited;
+    s.exit_status = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    s.kind = Stop::Kind::kKilled;
+    s.sig = WTERMSIG(status);
+  } else {
+    int sig = WSTOPSIG(status);
+    int event = (status >> 16) & 0xff;
+    s.sig = sig;
+    s.event = event;
+    if (event == PTRACE_EVENT_STOP) {
+      bool job = sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
+      s.kind = job ? Stop::Kind::kGroupStop : Stop::Kind::kInterrupt;
+    } else if (event != 0) {
+      s.kind = Stop::Kind::kEvent;
+    } else if (sig == (SIGTRAP | 0x80)) {
+      s.kind = Stop::Kind::kSyscall;
+      s.sig = SIGTRAP;
+    } else {
+      s.kind = Stop::Kind::kSignalDelivery;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  long sleep_ns = 20'000;
+  for (;;) {
+    int status = 0;
+    pid_t rc = ::wait4(tid, &status, __WALL | WNOHANG, nullptr);
+    if (rc == tid) {
+      Stop s = decode(status);
+      REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d status=%#x", tid, stop_kind_name(s.kind), s.sig,
+                 s.event, status);
+      return s;
+    }
+    if (rc == -1) {
+      if (errno == EINTR) continue;
+      if (errno == ECHILD)
+        return Error(Errc::kTargetExited, "thread " + std::to_string(tid) + " is gone (no longer traced)", ECHILD);
+      return Error::from_errno("wait4(" + std::to_string(tid) + ")");
+    }
+    if (deadline.expired())
+      return Error(Errc::kTimedOut, "thread " + std::to_string(tid) + " did not stop in time");
+    if (Clock::now() - start < std::chrono::microseconds(300)) {
+      sched_yield();
+    } else {
+      timespec ts{0, std::min<long>(sleep_ns, deadline.remaining().count() + 1)};
+      nanosleep(&ts, nullptr);
+      sleep_ns = std::min<long>(sleep_ns * 2, 1'000'000);
+    }
+  }
+}
+
+Result<void> precheck_attach(pid_t pid) {
+  auto st = procfs::read_status(pid);
+  if (!st) return std::move(st).error();
+  if (st->tracer_pid != 0) {
+    std::string who = std::to_string(st->tracer_pid);
+    if (auto tst = procfs::read_status(st->tracer_pid)) who += " (" + tst->name + ")";
+    return Error(Errc::kTracedByOther,
+                 "process " + std::to_string(pid) + " is already traced by process " + who +
+                     "; a process can have only one tracer: detach that debugger or tracer (or wait for it "
+                     "to finish) and retry",
+                 EPERM);
+  }
+  return ok();
+}
+
+Error diagnose_attach_failure(pid_t pid, int err) {
+  const std::string p = std::to_string(pid);
+  if (err == ESRCH) return Error(Errc::kNoSuchProcess, "no process " + p, err);
+  if (err != EPERM && err != EACCES) return Error::from_errno("ptrace attach to process " + p, err);
+
+  auto traced = precheck_attach(pid);
+  if (!traced) return std::move(traced).error();
+
+  auto st = procfs::read_status(pid);
+  const uid_t me = geteuid();
+  const bool cap = has_cap_sys_ptrace();
+  if (st && !cap) {
+    bool same_uid = true;
+    for (int i = 0; i < 3; ++i) same_uid &= st->uid[static_cast<size_t>(i)] == me;
+    if (!same_uid)
+      return Error(Errc::kPtraceDenied,
+                   "ptrace refused by the uid rule: process " + p + " runs as uid " +
+                       std::to_string(st->uid[1]) + " (real " + std::to_string(st->uid[0]) + ", saved " +
+                       std::to_string(st->uid[2]) + ") and you are uid " + std::to_string(me) +
+                       " without CAP_SYS_PTRACE; run remora as uid " + std::to_string(st->uid[1]) +
+                       " or as root, or grant it CAP_SYS_PTRACE",
+                   err);
+    // Files under /proc/PID belong to root when the process is not dumpable.
+    struct stat sb {};
+    if (::stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid == 0 && st->uid[1] != 0)
+      return Error(Errc::kPtraceDenied,
+                   "ptrace refused: process " + p +
+                       " is not dumpable (it called prctl(PR_SET_DUMPABLE, 0) or gained privileges at exec); "
+                       "only a tracer with CAP_SYS_PTRACE may attach: run remora as root",
+                   err);
+  }
+  if (auto scope = procfs::read_text("/proc/sys/kernel/yama/ptrace_scope")) {
+    auto v = parse_u64(trim(*scope));
+    if (v && *v == 1 && !cap)
+      return Error(Errc::kPtraceDenied,
+                   "ptrace refused by Yama (kernel.yama.ptrace_scope = 1: only a parent may trace its "
+                   "descendants); run remora as root or with CAP_SYS_PTRACE, have the target call "
+                   "prctl(PR_SET_PTRACER, ...), or set the sysctl to 0",
+                   err);
+    if (v && *v == 2 && !cap)
+      return Error(Errc::kPtraceDenied,
+                   "ptrace refused by Yama (kernel.yama.ptrace_scope = 2: only CAP_SYS_PTRACE may trace); "
+                   "run remora as root or grant it CAP_SYS_PTRACE",
+                   err);
+    if (v && *v == 3)
+      return Error(Errc::kPtraceDenied,
+                   "ptrace refused by Yama (kernel.yama.ptrace_scope = 3: ptrace is disabled until reboot)",
+                   err);
+  }
+  return Error(Errc::kPtraceDenied,
+               "ptrace refused for process " + p +
+                   " by a security module (SELinux, AppArmor) or a user-namespace boundary; run remora in the "
+                   "target's user namespace or as a user allowed to trace it",
+               err);
+}
+
+}  // namespace remora::ptrace

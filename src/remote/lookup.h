@@ -1,0 +1,76 @@
+// Finding a library and a symbol in another process.
+//
+//  1. Find the library's mappings in the target's maps (exact path, soname /
+//     basename, or basename prefix); more than one distinct file matching at
+//     the best level is an ambiguity, refused with the candidates listed.
+//  2. Read the image's GNU Build ID from the target's memory (the PT_NOTE
+//     inside its first PT_LOAD), which keys the process-wide ImageCache
+//     together with the mapping's device and inode.
+//  3. On a cache miss, open the exact mapped file: /proc/PID/map_files/<range>
+//     with a strict device/inode check; when that is not allowed, the mapped
+//     path resolved *inside* the target's root (/proc/PID/root, openat2 with
+//     RESOLVE_IN_ROOT, so no symlink can lead out to a file of ours). A file
+//     whose device/inode differ (OverlayFS) is accepted only when its Build ID
+//     equals the in-memory one.
+//  4. Compute the load bias from the PT_LOAD mappings, look the symbol up, and
+//     check that the address lies in an executable mapping of that file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+#include "elf/elf_image.h"
+#include "procfs/procfs.h"
+#include "remote/memory.h"
+
+namespace remora::remote {
+
+// The mappings of one file in the target.
+struct MappedLibrary {
+  std::string path;  // as the target sees it
+  uint64_t dev = 0, inode = 0;
+  bool deleted = false;
+  std::vector<procfs::MapEntry> maps;  // in address order
+};
+
+// How the image file was opened (for messages and tests).
+enum class OpenRoute { kMapFiles, kRootPath, kCache };
+
+struct LoadedImage {
+  std::shared_ptr<const elf::ElfImage> image;
+  uint64_t bias = 0;
+  OpenRoute route = OpenRoute::kCache;
+};
+
+struct ResolvedSymbol {
+  uint64_t address = 0;
+  bool ifunc = false;  // address is an IFUNC resolver: call it to get the function
+  std::string library;
+};
+
+struct LookupOptions {
+  // Tests set this to exercise the /proc/PID/root fallback.
+  bool use_map_files = true;
+};
+
+// Finds a library by name. See the header comment for the rules.
+Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps, std::string_view name);
+// The file that contains `addr`, if any.
+Result<MappedLibrary> library_at(pid_t pid, const std::vector<procfs::MapEntry>& maps, uint64_t addr);
+// All file-backed ELF-looking libraries in map order (one entry per file).
+std::vector<MappedLibrary> all_libraries(const std::vector<procfs::MapEntry>& maps);
+
+Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem, const LookupOptions& opts);
+
+// Resolves `symbol` in `library` (empty: the main executable, then every
+// library in map order). `main_phdr` is AT_PHDR from the auxv, which
+// identifies the main executable's mapping.
+Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
+                                      std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts);
+
+}  // namespace remora::remote
