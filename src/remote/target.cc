@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 
 #include "arch/x86_64.h"
@@ -76,8 +77,13 @@ constexpr uint64_t kScratchSize = 16 * kPage;
 constexpr uint64_t kScratchData = kPage;
 constexpr int kSigprocmaskBlock = 0;  // SIG_BLOCK
 
-std::string tid_str(pid_t pid, pid_t tid) {
-  return "thread " + std::to_string(tid) + " of process " + std::to_string(pid);
+// "process 4242", or "process 4242 (pid 7 in its own pid namespace)" when the
+// target lives in another pid namespace: users give the pid they see, the
+// target knows itself by the other.
+std::string process_str(pid_t pid, pid_t ns_pid) {
+  std::string s = "process " + std::to_string(pid);
+  if (ns_pid != pid && ns_pid != 0) s += " (pid " + std::to_string(ns_pid) + " in its own pid namespace)";
+  return s;
 }
 
 bool is_job_control_stop(int sig) { return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU; }
@@ -106,6 +112,7 @@ struct Gadgets {
 
 struct Target::Impl {
   pid_t pid = 0;
+  pid_t ns_pid = 0;
   Memory mem;
   UniqueFd pidfd;
   uint64_t at_phdr = 0;
@@ -117,6 +124,13 @@ struct Target::Impl {
   // munmap of the scratch itself must not return into the page it removes.
   bool force_gadget = false;
   LookupOptions lookup;
+  // Resolved (library, symbol) pairs of this session. A hit is re-validated
+  // against the current maps (the code must still be mapped from the same
+  // file), so a dlclose/dlopen in between can never send a call astray.
+  struct CachedSymbol {
+    uint64_t address, dev, inode;
+  };
+  std::map<std::pair<std::string, std::string>, CachedSymbol> symbols;
   std::mutex mu;
 
   explicit Impl(Memory m) : mem(std::move(m)) {}
@@ -165,6 +179,7 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (pfd >= 0) im.pidfd.reset(pfd);
   if (!st->nspid.empty()) target->ns_pid_ = st->nspid.back();
+  im.ns_pid = target->ns_pid_;
   auto auxv = REMORA_TRY_CTX(procfs::read_auxv(pid), "open process " + p);
   im.at_phdr = procfs::auxv_get(auxv, AT_PHDR).value_or(0);
   // No program interpreter: a statically linked program (AT_BASE is the
@@ -187,14 +202,31 @@ Result<void> Target::write(RemoteAddr addr, std::span<const std::byte> in) {
 
 Result<RemoteAddr> Target::find_symbol(std::string_view library, std::string_view symbol) {
   std::lock_guard lock(impl_->mu);
-  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup),
-                            "find " + std::string(symbol) + " in process " + std::to_string(pid_));
-  if (!sym.ifunc) return RemoteAddr(sym.address);
-  // An IFUNC symbol (strlen, memcpy...) is a resolver that returns the
-  // implementation chosen for this CPU: call it to get the function.
-  auto impl_addr = REMORA_TRY_CTX(impl_->run(0, false, sym.address, {}, std::chrono::milliseconds(5000)),
-                                  "resolve IFUNC " + std::string(symbol));
-  return RemoteAddr(impl_addr.value);
+  const std::string ctx = "find " + std::string(symbol) + " in " + process_str(pid_, ns_pid_);
+  auto maps = REMORA_TRY_CTX(procfs::read_maps(pid_), ctx);
+  auto key = std::make_pair(std::string(library), std::string(symbol));
+  auto mapped_from = [&](uint64_t addr) -> const procfs::MapEntry* {
+    for (const auto& m : maps)
+      if (addr >= m.start && addr < m.end) return m.exec && m.file_backed() ? &m : nullptr;
+    return nullptr;
+  };
+  if (auto it = impl_->symbols.find(key); it != impl_->symbols.end()) {
+    const auto* m = mapped_from(it->second.address);
+    if (m != nullptr && m->dev() == it->second.dev && m->inode == it->second.inode) return RemoteAddr(it->second.address);
+    impl_->symbols.erase(it);
+  }
+  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup), ctx);
+  uint64_t address = sym.address;
+  if (sym.ifunc) {
+    // An IFUNC symbol (strlen, memcpy...) is a resolver that returns the
+    // implementation chosen for this CPU: call it to get the function.
+    auto chosen = REMORA_TRY_CTX(impl_->run(0, false, sym.address, {}, std::chrono::milliseconds(5000)),
+                                 "resolve IFUNC " + std::string(symbol));
+    address = chosen.value;
+    maps = REMORA_TRY_CTX(procfs::read_maps(pid_), ctx);
+  }
+  if (const auto* m = mapped_from(address)) impl_->symbols[key] = {address, m->dev(), m->inode};
+  return RemoteAddr(address);
 }
 
 Result<CallReport> Target::call_symbol(std::string_view library, std::string_view symbol,
@@ -389,7 +421,7 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
 Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
                                           std::array<uint64_t, 6> args, const Deadline& deadline) {
   const auto t0 = Clock::now();
-  const std::string who = tid_str(pid, tid);
+  const std::string who = "thread " + std::to_string(tid) + " of " + process_str(pid, ns_pid);
   REMORA_TRY_CTX(ptrace::seize(pid, tid, PTRACE_O_TRACESYSGOOD), "seize " + who);
 
   // From here on every exit path releases the thread.
