@@ -1,5 +1,6 @@
 #include "base/log.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -51,7 +52,10 @@ bool enabled(Channel c) {
 
 void write(Channel c, const char* fmt, ...) {
   char buf[1024];
-  int n = std::snprintf(buf, sizeof buf, "[remora %s %d] ", name_of(c), static_cast<int>(gettid()));
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int n = std::snprintf(buf, sizeof buf, "[remora %ld.%06ld %s %d] ", static_cast<long>(ts.tv_sec),
+                        ts.tv_nsec / 1000, name_of(c), static_cast<int>(gettid()));
   va_list ap;
   va_start(ap, fmt);
   if (n > 0 && static_cast<size_t>(n) < sizeof buf) std::vsnprintf(buf + n, sizeof buf - static_cast<size_t>(n), fmt, ap);

@@ -62,6 +62,10 @@ class ElfImage {
   // dynamic entries hold runtime (biased) addresses in a loaded image, which
   // the reader accounts for.
   static Result<std::shared_ptr<const ElfImage>> from_memory(uint64_t base, const ReadFn& read);
+  // As from_memory, but reads only the ELF and program headers and the notes
+  // (type, segments, Build ID): a few small reads, no symbol tables. Used to
+  // identify a mapped image cheaply before its file is parsed or found cached.
+  static Result<std::shared_ptr<const ElfImage>> headers_from_memory(uint64_t base, const ReadFn& read);
 
   uint16_t type() const { return type_; }        // ET_DYN, ET_EXEC
   uint16_t machine() const { return machine_; }  // EM_X86_64, EM_AARCH64
@@ -85,7 +89,10 @@ class ElfImage {
   // The load bias given where one mapping of the file landed: `map_start` is
   // the mapping's start address and `map_offset` its file offset. The mapping
   // must correspond to a PT_LOAD (its offset equals that segment's
-  // offset rounded down to the page size). Errc::kParse otherwise.
+  // offset rounded down to the page size). Errc::kParse otherwise, and also
+  // when that file page starts two PT_LOADs with different biases (the page
+  // shared by the end of one segment and the RELRO start of the next), since
+  // the mapping alone cannot say which one it is: pass the offset-0 mapping.
   Result<uint64_t> bias_for_mapping(uint64_t map_start, uint64_t map_offset,
                                     uint64_t page_size = 4096) const;
 
@@ -104,6 +111,9 @@ class ElfImage {
   std::string soname_;
   // Symbol tables, copied out of the image so the bytes need not be kept.
   std::vector<Symbol> dynsyms_;   // index order of .dynsym (hash buckets refer to indices)
+  // Per dynsym index: the version is hidden (VERSYM_HIDDEN, a non-default
+  // "name@VER"); dlsym() prefers the default version, and so do we.
+  std::vector<bool> dynsym_hidden_;
   std::vector<Symbol> symtab_;    // .symtab, when present
   // Hash tables over dynsyms_ (either may be empty).
   struct GnuHash {

@@ -50,6 +50,7 @@ struct SyscallInfo {
   enum class Op { kNone, kEntry, kExit, kSeccomp } op = Op::kNone;
   uint64_t ip = 0, sp = 0;
   long nr = -1;          // entry/seccomp
+  uint64_t arg0 = 0;     // entry/seccomp: first argument
   int64_t ret = 0;       // exit
   bool is_error = false; // exit
 };

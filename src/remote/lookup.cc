@@ -151,7 +151,7 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
     return Error(Errc::kParse, lib.path + " has no mapping at file offset 0 in process " + std::to_string(pid) +
                                    ": not a loaded ELF image");
   auto read = [&mem](uint64_t addr, std::span<std::byte> out) { return mem.read(addr, out); };
-  auto in_memory = REMORA_TRY_CTX(elf::ElfImage::from_memory(hdr->start, read),
+  auto in_memory = REMORA_TRY_CTX(elf::ElfImage::headers_from_memory(hdr->start, read),
                                   "read the image of " + lib.path + " from process " + std::to_string(pid));
   const std::string mem_build_id = in_memory->build_id_hex();
 

@@ -314,11 +314,9 @@ Result<pid_t> Target::Impl::pick_thread() {
       default: return -1;   // Z, X: exiting
     }
   };
-  if (preferred_tid != 0) {
-    // Cheap re-check (one /proc read): still there and not stuck in D state.
-    auto st = procfs::read_stat(pid, preferred_tid);
-    if (st && (st->state == 'S' || st->state == 'R')) return preferred_tid;
-  }
+  // The last thread that served well is used again without reading /proc:
+  // if it has exited meanwhile, the seize fails and the choice is made anew.
+  if (preferred_tid != 0) return preferred_tid;
   auto tasks = REMORA_TRY(procfs::list_tasks(pid));
   pid_t best = 0;
   int best_score = -1;
@@ -411,11 +409,24 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
   if (tid == 0) {
     tid = REMORA_TRY(pick_thread());
   } else {
-    auto st = procfs::read_status(pid, tid);
-    if (!st || st->tgid != pid)
+    // /proc/PID/task/TID exists only for threads of PID: a tid of another
+    // process must never be seized in its place.
+    std::string task = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid);
+    if (::access(task.c_str(), F_OK) != 0)
       return Error(Errc::kNoSuchProcess, "no thread " + std::to_string(tid) + " in process " + std::to_string(pid));
+    return transact(tid, is_syscall, fn_or_nr, args, deadline);
   }
-  return transact(tid, is_syscall, fn_or_nr, args, deadline);
+  auto r = transact(tid, is_syscall, fn_or_nr, args, deadline);
+  if (!r && preferred_tid == tid &&
+      (r.error().code() == Errc::kNoSuchProcess || r.error().code() == Errc::kTargetExited)) {
+    // The remembered thread is gone: choose again once.
+    preferred_tid = 0;
+    if (::kill(pid, 0) == 0 || errno == EPERM) {
+      tid = REMORA_TRY(pick_thread());
+      return transact(tid, is_syscall, fn_or_nr, args, deadline);
+    }
+  }
+  return r;
 }
 
 Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
@@ -529,6 +540,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   // syscall `nr` at instruction address `ip_after`.
   bool faulted = false;
   std::string fault_text;
+  uint64_t step_value = 0;
   auto run_until = [&](long nr, uint64_t ip_after, bool want_entry) -> Result<void> {
     for (;;) {
       REMORA_TRY(ptrace::cont_syscall(tid, 0));
@@ -555,7 +567,12 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         case ptrace::Stop::Kind::kSyscall: {
           auto info = REMORA_TRY(ptrace::get_syscall_info(tid));
           bool entry = info.op == ptrace::SyscallInfo::Op::kEntry;
-          if (entry == want_entry && info.ip == ip_after && (!entry || info.nr == nr)) return ok();
+          if (entry == want_entry && info.ip == ip_after && (!entry || info.nr == nr)) {
+            // At rt_sigreturn's entry the stub has put the result in rdi
+            // (the first argument); at an exit the kernel reports it.
+            step_value = entry ? info.arg0 : static_cast<uint64_t>(info.ret);
+            return ok();
+          }
           continue;  // a system call made by the called function
         }
         case ptrace::Stop::Kind::kSignalDelivery: {
@@ -607,12 +624,14 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     modified = true;
     REMORA_TRY(run_until(nr, insn_end, true));
     REMORA_TRY(run_until(nr, insn_end, false));
-    auto after = REMORA_TRY(ptrace::get_regs(tid));
-    return after.rax;
+    return step_value;
   };
 
   // Point the thread at the self-restoring path first, then block signals.
-  {
+  // (With the scratch ready and no mask dance to do, the call's own
+  // registers are that path: the stub ends in rt_sigreturn.)
+  const bool direct = scratch.has_value() && !saved.swap_mask && !is_syscall;
+  if (!direct) {
     x::Regs park = r0;
     park.orig_rax = ~uint64_t{0};
     park.rip = gadgets->restore_rt;
@@ -620,7 +639,9 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     if (auto r = ptrace::set_regs(tid, park); !r) return fail(std::move(r).error());
     modified = true;
   }
-  if (!saved.swap_mask) {
+  if (direct) {
+    // Set below, after the call's registers.
+  } else if (!saved.swap_mask) {
     if (auto r = ptrace::set_sigmask(tid, ~uint64_t{0}); !r) return fail(std::move(r).error());
   } else {
     // The kernel restores the saved user mask on the first resume; the
@@ -679,11 +700,13 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     r.rsp = saved.call_rsp;
     r.rbx = uc;
     if (auto s = ptrace::set_regs(tid, r); !s) return fail(std::move(s).error());
+    modified = true;
+    if (direct) {
+      if (auto m = ptrace::set_sigmask(tid, ~uint64_t{0}); !m) return fail(std::move(m).error());
+    }
     auto done = run_until(x::nr::kRtSigreturn, *scratch + x::Stub::kCallReturnSyscallEnd, true);
     if (!done) return fail(std::move(done).error());
-    auto after = ptrace::get_regs(tid);
-    if (!after) return fail(std::move(after).error());
-    report.value = after->rdi;
+    report.value = step_value;
   }
   (void)faulted;
   release(true);

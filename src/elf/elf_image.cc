@@ -1,0 +1,853 @@
+// ELF64 little-endian reader: files (whole bytes) and loaded images (through
+// a read callback). Every offset, size and count comes from untrusted input
+// and is checked, overflow-safe, before use; failures are Errc::kParse.
+#include "elf/elf_image.h"
+
+#include <elf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "base/strings.h"
+
+namespace remora::elf {
+namespace {
+
+// Sanity limits. Real images stay far below them (libLLVM has ~100k dynamic
+// symbols and a few MiB of .dynstr); they bound what a hostile image can make
+// us allocate or read out of a target.
+constexpr uint64_t kMaxSymbols = uint64_t{1} << 22;
+constexpr uint64_t kMaxStringTable = uint64_t{256} << 20;
+constexpr uint64_t kMaxHashWords = uint64_t{1} << 22;
+constexpr uint64_t kMaxDynamicEntries = uint64_t{1} << 16;
+constexpr uint64_t kMaxNoteBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxSections = uint64_t{1} << 20;
+constexpr uint64_t kMaxFileBytes = uint64_t{4} << 30;
+constexpr uint32_t kMaxBuildIdBytes = 64;
+
+Error parse_error(std::string msg) { return Error(Errc::kParse, std::move(msg)); }
+
+// [off, off+len) lies inside [0, size).
+bool fits(uint64_t off, uint64_t len, uint64_t size) { return off <= size && len <= size - off; }
+
+std::optional<uint64_t> checked_add(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+// Reads bytes of one address space: file offsets, or unbiased virtual
+// addresses (translated to file offsets or to target addresses).
+using Reader = std::function<Result<void>(uint64_t addr, std::span<std::byte> out)>;
+
+template <typename T>
+Result<T> read_pod(const Reader& read, uint64_t addr) {
+  T v{};
+  REMORA_TRY(read(addr, std::as_writable_bytes(std::span<T>(&v, 1))));
+  return v;
+}
+
+template <typename T>
+Result<std::vector<T>> read_array(const Reader& read, uint64_t addr, uint64_t count,
+                                  uint64_t max_count, std::string_view what) {
+  if (count > max_count) {
+    return parse_error(std::string(what) + ": " + std::to_string(count) + " entries exceeds the limit of " +
+                       std::to_string(max_count));
+  }
+  auto len = checked_mul(count, sizeof(T));
+  if (!len || !checked_add(addr, *len)) {
+    return parse_error(std::string(what) + " at " + hex_addr(addr) + " wraps around the address space");
+  }
+  std::vector<T> out(count);
+  if (count != 0) REMORA_TRY_CTX(read(addr, std::as_writable_bytes(std::span<T>(out))), std::string(what));
+  return out;
+}
+
+Result<std::vector<std::byte>> read_bytes(const Reader& read, uint64_t addr, uint64_t len, uint64_t max_len,
+                                          std::string_view what) {
+  return read_array<std::byte>(read, addr, len, max_len, what);
+}
+
+// Reader over a byte buffer, addressed by offset.
+Reader buffer_reader(std::span<const std::byte> bytes) {
+  return [bytes](uint64_t off, std::span<std::byte> out) -> Result<void> {
+    if (!fits(off, out.size(), bytes.size())) {
+      return parse_error("range at offset " + hex_addr(off) + " (" + std::to_string(out.size()) +
+                         " bytes) lies beyond the end of the file (" + std::to_string(bytes.size()) + " bytes)");
+    }
+    if (!out.empty()) std::memcpy(out.data(), bytes.data() + off, out.size());
+    return ok();
+  };
+}
+
+Result<std::string_view> string_at(std::span<const std::byte> strtab, uint64_t off) {
+  if (off >= strtab.size()) {
+    return parse_error("string offset " + std::to_string(off) + " lies beyond the string table (" +
+                       std::to_string(strtab.size()) + " bytes)");
+  }
+  const char* begin = reinterpret_cast<const char*>(strtab.data()) + off;
+  const void* nul = std::memchr(begin, '\0', strtab.size() - off);
+  if (nul == nullptr) return parse_error("string at offset " + std::to_string(off) + " is not NUL-terminated");
+  return std::string_view(begin, static_cast<const char*>(nul) - begin);
+}
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + (a - 1)) & ~(a - 1); }  // v < 2^40 here
+
+// The note walker behind find_build_id_in_notes. `align` is 4 for nearly all
+// notes; .note.gnu.property sits in a PT_NOTE with p_align 8 and uses 8-byte
+// padding (gABI for ELF64), so the readers pass the segment's alignment.
+Result<std::optional<std::vector<std::byte>>> walk_notes(std::span<const std::byte> notes, uint64_t align) {
+  std::optional<std::vector<std::byte>> found;
+  uint64_t pos = 0;
+  const uint64_t size = notes.size();
+  while (pos < size) {
+    if (size - pos < sizeof(Elf64_Nhdr)) {
+      return parse_error("truncated note header at offset " + std::to_string(pos) + ": " +
+                         std::to_string(size - pos) + " bytes left, need 12");
+    }
+    Elf64_Nhdr nh;
+    std::memcpy(&nh, notes.data() + pos, sizeof nh);
+    // namesz and descsz are 32-bit, so these sums cannot overflow 64 bits.
+    const uint64_t name_off = pos + sizeof nh;
+    const uint64_t desc_off = align_up(name_off + nh.n_namesz, align);
+    const uint64_t next = align_up(desc_off + nh.n_descsz, align);
+    if (next > size) {
+      return parse_error("note at offset " + std::to_string(pos) + " (namesz " + std::to_string(nh.n_namesz) +
+                         ", descsz " + std::to_string(nh.n_descsz) + ", padded to " + std::to_string(align) +
+                         ") extends past the end of the note area (" + std::to_string(size) + " bytes)");
+    }
+    const bool gnu_name =
+        nh.n_namesz == 4 && std::memcmp(notes.data() + name_off, "GNU\0", 4) == 0;
+    if (gnu_name && nh.n_type == NT_GNU_BUILD_ID) {
+      if (nh.n_descsz == 0 || nh.n_descsz > kMaxBuildIdBytes) {
+        return parse_error("GNU build id note has " + std::to_string(nh.n_descsz) + " bytes; expected 1 to " +
+                           std::to_string(kMaxBuildIdBytes));
+      }
+      if (!found) {
+        auto desc = notes.subspan(desc_off, nh.n_descsz);
+        found.emplace(desc.begin(), desc.end());
+      }
+    }
+    pos = next;
+  }
+  return found;
+}
+
+struct DynInfo {
+  std::optional<uint64_t> symtab, strtab, strsz, syment, gnu_hash, hash, versym, soname;
+};
+
+DynInfo parse_dynamic(std::span<const Elf64_Dyn> entries) {
+  DynInfo info;
+  for (const Elf64_Dyn& d : entries) {
+    if (d.d_tag == DT_NULL) break;
+    switch (d.d_tag) {
+      case DT_SYMTAB: info.symtab = d.d_un.d_ptr; break;
+      case DT_STRTAB: info.strtab = d.d_un.d_ptr; break;
+      case DT_STRSZ: info.strsz = d.d_un.d_val; break;
+      case DT_SYMENT: info.syment = d.d_un.d_val; break;
+      case DT_GNU_HASH: info.gnu_hash = d.d_un.d_ptr; break;
+      case DT_HASH: info.hash = d.d_un.d_ptr; break;
+      case DT_VERSYM: info.versym = d.d_un.d_ptr; break;
+      case DT_SONAME: info.soname = d.d_un.d_val; break;
+      default: break;
+    }
+  }
+  return info;
+}
+
+Result<void> check_ehdr(const Elf64_Ehdr& eh) {
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+    return parse_error("not an ELF image: bad magic " + to_hex(eh.e_ident, SELFMAG) + " (expected 7f454c46)");
+  }
+  if (eh.e_ident[EI_CLASS] == ELFCLASS32) {
+    return parse_error("32-bit ELF (ELFCLASS32) is not supported: only ELF64 images (x86_64, aarch64) are");
+  }
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64) {
+    return parse_error("unknown ELF class " + std::to_string(eh.e_ident[EI_CLASS]) + ": only ELF64 is supported");
+  }
+  if (eh.e_ident[EI_DATA] == ELFDATA2MSB) {
+    return parse_error("big-endian ELF (ELFDATA2MSB) is not supported: only little-endian images are");
+  }
+  if (eh.e_ident[EI_DATA] != ELFDATA2LSB) {
+    return parse_error("unknown ELF data encoding " + std::to_string(eh.e_ident[EI_DATA]));
+  }
+  if (eh.e_ident[EI_VERSION] != EV_CURRENT || eh.e_version != EV_CURRENT) {
+    return parse_error("unknown ELF version " + std::to_string(eh.e_ident[EI_VERSION]));
+  }
+  if (eh.e_type != ET_EXEC && eh.e_type != ET_DYN) {
+    return parse_error("ELF type " + std::to_string(eh.e_type) +
+                       " is not an executable (ET_EXEC) or shared object (ET_DYN)");
+  }
+  if (eh.e_phnum == 0) return parse_error("ELF image has no program headers");
+  if (eh.e_phnum == PN_XNUM) {
+    return parse_error("extended program header numbering (e_phnum == PN_XNUM) is not supported");
+  }
+  if (eh.e_phentsize != sizeof(Elf64_Phdr)) {
+    return parse_error("program header entry size " + std::to_string(eh.e_phentsize) + ", expected " +
+                       std::to_string(sizeof(Elf64_Phdr)));
+  }
+  return ok();
+}
+
+Symbol make_symbol(const Elf64_Sym& s, std::string_view name) {
+  Symbol out;
+  out.name = std::string(name);
+  out.value = s.st_value;
+  out.size = s.st_size;
+  out.type = static_cast<unsigned char>(ELF64_ST_TYPE(s.st_info));
+  out.bind = static_cast<unsigned char>(ELF64_ST_BIND(s.st_info));
+  out.shndx = s.st_shndx;
+  return out;
+}
+
+Result<std::vector<Symbol>> read_symbols(const Reader& read, uint64_t addr, uint64_t count,
+                                         std::span<const std::byte> strtab, std::string_view what) {
+  auto raw = REMORA_TRY(read_array<Elf64_Sym>(read, addr, count, kMaxSymbols, what));
+  std::vector<Symbol> out;
+  out.reserve(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    auto name = string_at(strtab, raw[i].st_name);
+    if (!name.ok()) return std::move(name.error()).with_context(std::string(what) + " entry " + std::to_string(i));
+    out.push_back(make_symbol(raw[i], *name));
+  }
+  return out;
+}
+
+bool defined(const Symbol& s) { return s.shndx != SHN_UNDEF; }
+
+std::string_view unversioned(std::string_view name) {
+  auto at = name.find('@');
+  return at == std::string_view::npos ? name : name.substr(0, at);
+}
+
+long host_page_size() {
+  long p = ::sysconf(_SC_PAGESIZE);
+  return p > 0 ? p : 4096;
+}
+
+}  // namespace
+
+class ElfParser {
+ public:
+  static Result<std::shared_ptr<const ElfImage>> parse_file(std::span<const std::byte> bytes);
+  static Result<std::shared_ptr<const ElfImage>> parse_memory(uint64_t base, const ReadFn& read, bool with_symbols);
+
+ private:
+  struct Phdrs {
+    std::vector<Elf64_Phdr> notes;
+    std::optional<Elf64_Phdr> dynamic;
+  };
+
+  static Result<Phdrs> take_phdrs(std::span<const Elf64_Phdr> phdrs, ElfImage& img);
+  static Result<void> load_dynamic_symbols(const Reader& vread, const DynInfo& info, ElfImage& img);
+  static Result<uint64_t> load_gnu_hash(const Reader& read, uint64_t addr, std::optional<uint64_t> nsyms,
+                                        ElfImage& img);
+  static Result<uint64_t> load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img);
+  static Result<void> load_versym(const Reader& read, uint64_t addr, ElfImage& img);
+  static Result<void> load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh, bool need_build_id,
+                                    ElfImage& img, bool& have_dynsym);
+  static void build_symtab_index(ElfImage& img);
+};
+
+Result<ElfParser::Phdrs> ElfParser::take_phdrs(std::span<const Elf64_Phdr> phdrs, ElfImage& img) {
+  Phdrs out;
+  for (size_t i = 0; i < phdrs.size(); ++i) {
+    const Elf64_Phdr& p = phdrs[i];
+    switch (p.p_type) {
+      case PT_LOAD: {
+        if (p.p_filesz > p.p_memsz) {
+          return parse_error("PT_LOAD " + std::to_string(i) + ": p_filesz exceeds p_memsz");
+        }
+        if (!checked_add(p.p_vaddr, p.p_memsz) || !checked_add(p.p_offset, p.p_filesz)) {
+          return parse_error("PT_LOAD " + std::to_string(i) + ": segment wraps around the address space");
+        }
+        LoadSegment seg;
+        seg.vaddr = p.p_vaddr;
+        seg.memsz = p.p_memsz;
+        seg.offset = p.p_offset;
+        seg.filesz = p.p_filesz;
+        seg.align = p.p_align;
+        seg.flags = p.p_flags;
+        img.loads_.push_back(seg);
+        break;
+      }
+      case PT_INTERP: img.has_interp_ = true; break;
+      case PT_DYNAMIC:
+        if (!out.dynamic) out.dynamic = p;
+        img.has_dynamic_ = true;
+        break;
+      case PT_NOTE: out.notes.push_back(p); break;
+      default: break;
+    }
+  }
+  if (img.loads_.empty()) return parse_error("ELF image has no PT_LOAD segments");
+  return out;
+}
+
+Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std::optional<uint64_t> nsyms,
+                                          ElfImage& img) {
+  // Layout (ELF64): nbuckets, symoffset, bloom_size, bloom_shift (u32 each);
+  // bloom[bloom_size] (u64); buckets[nbuckets] (u32); chain[] (u32), one per
+  // dynsym index >= symoffset, the low bit marking the end of a chain.
+  auto hdr = REMORA_TRY(read_array<uint32_t>(read, addr, 4, 4, "GNU hash header"));
+  const uint32_t nbuckets = hdr[0], symoffset = hdr[1], bloom_size = hdr[2], shift = hdr[3];
+  if (nbuckets == 0 || nbuckets > kMaxHashWords) {
+    return parse_error("GNU hash table has " + std::to_string(nbuckets) + " buckets");
+  }
+  if (bloom_size == 0 || (bloom_size & (bloom_size - 1)) != 0 || bloom_size > kMaxHashWords) {
+    return parse_error("GNU hash bloom filter size " + std::to_string(bloom_size) + " is not a power of two");
+  }
+  if (shift >= 32) return parse_error("GNU hash bloom shift " + std::to_string(shift) + " is not below 32");
+  if (symoffset > kMaxSymbols) return parse_error("GNU hash symoffset " + std::to_string(symoffset) + " too large");
+  const uint64_t bloom_addr = addr + 16;  // read_array checked addr+16 does not wrap
+  auto bloom = REMORA_TRY(read_array<uint64_t>(read, bloom_addr, bloom_size, kMaxHashWords, "GNU hash bloom"));
+  const uint64_t buckets_addr = bloom_addr + uint64_t{bloom_size} * 8;  // checked by read_array
+  auto buckets = REMORA_TRY(read_array<uint32_t>(read, buckets_addr, nbuckets, kMaxHashWords, "GNU hash buckets"));
+  const uint64_t chain_addr = buckets_addr + uint64_t{nbuckets} * 4;
+
+  if (!nsyms) {
+    // No section header tells the count: it is one past the last index of
+    // the chain that starts at the highest bucket.
+    const uint32_t max_bucket = *std::max_element(buckets.begin(), buckets.end());
+    if (max_bucket == 0) {
+      nsyms = symoffset;
+    } else {
+      if (max_bucket < symoffset) {
+        return parse_error("GNU hash bucket " + std::to_string(max_bucket) + " lies below symoffset " +
+                           std::to_string(symoffset));
+      }
+      uint64_t idx = max_bucket;
+      while (true) {
+        if (idx >= kMaxSymbols) return parse_error("GNU hash chain runs past " + std::to_string(kMaxSymbols));
+        auto word = REMORA_TRY_CTX(read_pod<uint32_t>(read, chain_addr + (idx - symoffset) * 4), "GNU hash chain");
+        if (word & 1) break;
+        ++idx;
+      }
+      nsyms = idx + 1;
+    }
+  }
+  const uint64_t chain_len = *nsyms > symoffset ? *nsyms - symoffset : 0;
+  auto chain = REMORA_TRY(read_array<uint32_t>(read, chain_addr, chain_len, kMaxSymbols, "GNU hash chain"));
+  img.gnu_.symoffset = symoffset;
+  img.gnu_.bloom_shift = shift;
+  img.gnu_.bloom = std::move(bloom);
+  img.gnu_.buckets = std::move(buckets);
+  img.gnu_.chain = std::move(chain);
+  return *nsyms;
+}
+
+Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img) {
+  // Layout: nbucket, nchain (u32); buckets[nbucket]; chain[nchain]. nchain
+  // equals the number of dynsym entries.
+  auto hdr = REMORA_TRY(read_array<uint32_t>(read, addr, 2, 2, "SysV hash header"));
+  const uint32_t nbucket = hdr[0], nchain = hdr[1];
+  if (nbucket == 0 || nbucket > kMaxHashWords) {
+    return parse_error("SysV hash table has " + std::to_string(nbucket) + " buckets");
+  }
+  auto buckets = REMORA_TRY(read_array<uint32_t>(read, addr + 8, nbucket, kMaxHashWords, "SysV hash buckets"));
+  auto chain = REMORA_TRY(
+      read_array<uint32_t>(read, addr + 8 + uint64_t{nbucket} * 4, nchain, kMaxSymbols, "SysV hash chain"));
+  img.sysv_.buckets = std::move(buckets);
+  img.sysv_.chain = std::move(chain);
+  return nchain;
+}
+
+Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage& img) {
+  auto versym = REMORA_TRY(read_array<uint16_t>(read, addr, img.dynsyms_.size(), kMaxSymbols, "version table"));
+  img.dynsym_hidden_.assign(versym.size(), false);
+  for (size_t i = 0; i < versym.size(); ++i) img.dynsym_hidden_[i] = (versym[i] & 0x8000) != 0;
+  return ok();
+}
+
+// The PT_DYNAMIC route: everything found from the dynamic section, through a
+// reader of unbiased virtual addresses.
+Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo& info, ElfImage& img) {
+  if (!info.strtab) return ok();  // nothing to name symbols with
+  if (!info.strsz) return parse_error("dynamic section has DT_STRTAB but no DT_STRSZ");
+  auto strtab = REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table"));
+  if (info.soname) img.soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+  if (!info.symtab) return ok();
+  if (info.syment && *info.syment != sizeof(Elf64_Sym)) {
+    return parse_error("DT_SYMENT is " + std::to_string(*info.syment) + ", expected " +
+                       std::to_string(sizeof(Elf64_Sym)));
+  }
+  std::optional<uint64_t> nsyms;
+  if (info.gnu_hash) nsyms = REMORA_TRY_CTX(load_gnu_hash(vread, *info.gnu_hash, std::nullopt, img), "DT_GNU_HASH");
+  if (info.hash) {
+    // nchain is exact; prefer it over the count walked out of the GNU table.
+    nsyms = REMORA_TRY_CTX(load_sysv_hash(vread, *info.hash, img), "DT_HASH");
+  }
+  if (!nsyms) {
+    // No hash table at all (rare; lld/ld always emit one): .dynstr follows
+    // .dynsym in every linker's default layout, so the gap bounds the count.
+    nsyms = *info.strtab > *info.symtab ? std::min<uint64_t>((*info.strtab - *info.symtab) / sizeof(Elf64_Sym),
+                                                             kMaxSymbols)
+                                        : 0;
+  }
+  img.dynsyms_ = REMORA_TRY(read_symbols(vread, *info.symtab, *nsyms, strtab, "dynamic symbol table"));
+  if (img.dynsyms_.size() < img.gnu_.symoffset) {
+    return parse_error("GNU hash symoffset " + std::to_string(img.gnu_.symoffset) + " exceeds the " +
+                       std::to_string(img.dynsyms_.size()) + " dynamic symbols");
+  }
+  if (info.versym) REMORA_TRY_CTX(load_versym(vread, *info.versym, img), "DT_VERSYM");
+  return ok();
+}
+
+Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh, bool need_build_id,
+                                      ElfImage& img, bool& have_dynsym) {
+  const Reader fread = buffer_reader(bytes);
+  if (eh.e_shentsize != sizeof(Elf64_Shdr)) {
+    return parse_error("section header entry size " + std::to_string(eh.e_shentsize) + ", expected " +
+                       std::to_string(sizeof(Elf64_Shdr)));
+  }
+  uint64_t shnum = eh.e_shnum;
+  if (shnum == 0) {
+    // Extended numbering: the count lives in section header 0's sh_size.
+    auto sh0 = REMORA_TRY_CTX(read_pod<Elf64_Shdr>(fread, eh.e_shoff), "section header 0");
+    shnum = sh0.sh_size;
+    if (shnum == 0) return ok();
+  }
+  auto shdrs = REMORA_TRY(read_array<Elf64_Shdr>(fread, eh.e_shoff, shnum, kMaxSections, "section headers"));
+
+  auto section_bytes = [&](size_t idx, uint64_t max, std::string_view what) -> Result<std::vector<std::byte>> {
+    const Elf64_Shdr& sh = shdrs[idx];
+    if (sh.sh_type == SHT_NOBITS) return parse_error(std::string(what) + " has no file contents (SHT_NOBITS)");
+    return read_bytes(fread, sh.sh_offset, sh.sh_size, max, what);
+  };
+  auto load_table = [&](size_t idx, std::string_view what) -> Result<std::vector<Symbol>> {
+    const Elf64_Shdr& sh = shdrs[idx];
+    if (sh.sh_entsize != sizeof(Elf64_Sym)) {
+      return parse_error(std::string(what) + " entry size " + std::to_string(sh.sh_entsize) + ", expected " +
+                         std::to_string(sizeof(Elf64_Sym)));
+    }
+    if (sh.sh_link == 0 || sh.sh_link >= shdrs.size() || shdrs[sh.sh_link].sh_type != SHT_STRTAB) {
+      return parse_error(std::string(what) + " links to section " + std::to_string(sh.sh_link) +
+                         ", which is not a string table");
+    }
+    auto strtab = REMORA_TRY(section_bytes(sh.sh_link, kMaxStringTable, "string table"));
+    return read_symbols(fread, sh.sh_offset, sh.sh_size / sizeof(Elf64_Sym), strtab, what);
+  };
+
+  std::optional<size_t> dynsym, symtab, gnu_hash, sysv_hash, versym;
+  std::vector<size_t> notes;
+  for (size_t i = 0; i < shdrs.size(); ++i) {
+    const Elf64_Shdr& sh = shdrs[i];
+    if (sh.sh_type == SHT_NOBITS) continue;  // separate debug files keep headers without contents
+    switch (sh.sh_type) {
+      case SHT_DYNSYM: if (!dynsym) dynsym = i; break;
+      case SHT_SYMTAB: if (!symtab) symtab = i; break;
+      case SHT_GNU_HASH: if (!gnu_hash) gnu_hash = i; break;
+      case SHT_HASH: if (!sysv_hash) sysv_hash = i; break;
+      case SHT_GNU_versym: if (!versym) versym = i; break;
+      case SHT_NOTE: notes.push_back(i); break;
+      default: break;
+    }
+  }
+  if (dynsym) {
+    img.dynsyms_ = REMORA_TRY_CTX(load_table(*dynsym, ".dynsym"), ".dynsym");
+    have_dynsym = true;
+    if (gnu_hash) {
+      REMORA_TRY_CTX(load_gnu_hash(fread, shdrs[*gnu_hash].sh_offset, img.dynsyms_.size(), img), ".gnu.hash");
+    }
+    if (sysv_hash) REMORA_TRY_CTX(load_sysv_hash(fread, shdrs[*sysv_hash].sh_offset, img), ".hash");
+    if (versym) REMORA_TRY_CTX(load_versym(fread, shdrs[*versym].sh_offset, img), ".gnu.version");
+  }
+  if (symtab) img.symtab_ = REMORA_TRY_CTX(load_table(*symtab, ".symtab"), ".symtab");
+  if (need_build_id) {
+    for (size_t idx : notes) {
+      auto data = REMORA_TRY(section_bytes(idx, kMaxNoteBytes, "note section"));
+      auto id = REMORA_TRY_CTX(walk_notes(data, shdrs[idx].sh_addralign == 8 ? 8 : 4), "note section");
+      if (id) {
+        img.build_id_ = std::move(*id);
+        break;
+      }
+    }
+  }
+  return ok();
+}
+
+void ElfParser::build_symtab_index(ElfImage& img) {
+  auto add = [&](std::string_view key, size_t i) {
+    auto [it, inserted] = img.symtab_index_.emplace(key, i);
+    // A global definition beats a file-local one of the same name.
+    if (!inserted && img.symtab_[it->second].bind == STB_LOCAL && img.symtab_[i].bind != STB_LOCAL) it->second = i;
+  };
+  for (size_t i = 0; i < img.symtab_.size(); ++i) {
+    const Symbol& s = img.symtab_[i];
+    if (!defined(s) || s.name.empty() || s.type == STT_SECTION || s.type == STT_FILE) continue;
+    add(s.name, i);
+    // "name@@VER" is the default version of "name"; "name@VER" is not.
+    auto at = s.name.find("@@");
+    if (at != std::string::npos && at > 0) add(std::string_view(s.name).substr(0, at), i);
+  }
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const std::byte> bytes) {
+  if (bytes.size() < sizeof(Elf64_Ehdr)) {
+    return parse_error("truncated ELF header: file has " + std::to_string(bytes.size()) + " bytes, need " +
+                       std::to_string(sizeof(Elf64_Ehdr)));
+  }
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, bytes.data(), sizeof eh);
+  REMORA_TRY(check_ehdr(eh));
+  const uint64_t ph_size = uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);  // e_phnum < 2^16: no overflow
+  if (!fits(eh.e_phoff, ph_size, bytes.size())) {
+    return parse_error("program headers (offset " + hex_addr(eh.e_phoff) + ", " + std::to_string(eh.e_phnum) +
+                       " entries) lie beyond the end of the file (" + std::to_string(bytes.size()) + " bytes)");
+  }
+  std::vector<Elf64_Phdr> phdrs(eh.e_phnum);
+  std::memcpy(phdrs.data(), bytes.data() + eh.e_phoff, ph_size);
+
+  std::shared_ptr<ElfImage> img(new ElfImage());
+  img->type_ = eh.e_type;
+  img->machine_ = eh.e_machine;
+  img->entry_ = eh.e_entry;
+  auto ph = REMORA_TRY(take_phdrs(phdrs, *img));
+
+  const Reader fread = buffer_reader(bytes);
+  // In a file, dynamic entries hold unbiased vaddrs; PT_LOAD maps them to offsets.
+  const Reader vread = [&img, &fread](uint64_t vaddr, std::span<std::byte> out) -> Result<void> {
+    for (const LoadSegment& seg : img->loads_) {
+      if (vaddr >= seg.vaddr && fits(vaddr - seg.vaddr, out.size(), seg.filesz)) {
+        return fread(seg.offset + (vaddr - seg.vaddr), out);
+      }
+    }
+    return parse_error("virtual address " + hex_addr(vaddr) + " (" + std::to_string(out.size()) +
+                       " bytes) is not in the file contents of any PT_LOAD segment");
+  };
+
+  for (const Elf64_Phdr& p : ph.notes) {
+    auto data = REMORA_TRY_CTX(read_bytes(fread, p.p_offset, p.p_filesz, kMaxNoteBytes, "PT_NOTE"), "PT_NOTE");
+    auto id = REMORA_TRY_CTX(walk_notes(data, p.p_align == 8 ? 8 : 4), "PT_NOTE");
+    if (id) {
+      img->build_id_ = std::move(*id);
+      break;
+    }
+  }
+
+  DynInfo info;
+  if (ph.dynamic) {
+    auto entries = REMORA_TRY_CTX(read_array<Elf64_Dyn>(fread, ph.dynamic->p_offset,
+                                                        ph.dynamic->p_filesz / sizeof(Elf64_Dyn),
+                                                        kMaxDynamicEntries, "PT_DYNAMIC"),
+                                  "PT_DYNAMIC");
+    info = parse_dynamic(entries);
+  }
+
+  bool have_dynsym = false;
+  if (eh.e_shoff != 0) {
+    REMORA_TRY_CTX(load_sections(bytes, eh, img->build_id_.empty(), *img, have_dynsym), "section headers");
+  }
+  if (have_dynsym) {
+    // Only the name is wanted from the dynamic section.
+    if (info.soname && info.strtab && info.strsz) {
+      auto strtab = REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "DT_STRTAB"));
+      img->soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+    }
+  } else {
+    REMORA_TRY_CTX(load_dynamic_symbols(vread, info, *img), "PT_DYNAMIC");
+  }
+  build_symtab_index(*img);
+  return std::shared_ptr<const ElfImage>(std::move(img));
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfParser::parse_memory(uint64_t base, const ReadFn& read, bool with_symbols) {
+  Elf64_Ehdr eh{};
+  REMORA_TRY_CTX(read(base, std::as_writable_bytes(std::span<Elf64_Ehdr>(&eh, 1))), "ELF header at " + hex_addr(base));
+  REMORA_TRY(check_ehdr(eh));
+  const uint64_t ph_size = uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
+  auto ph_addr = checked_add(base, eh.e_phoff);
+  if (!ph_addr || !checked_add(*ph_addr, ph_size)) {
+    return parse_error("program headers at offset " + hex_addr(eh.e_phoff) + " wrap around the address space");
+  }
+  std::vector<Elf64_Phdr> phdrs(eh.e_phnum);
+  REMORA_TRY_CTX(read(*ph_addr, std::as_writable_bytes(std::span<Elf64_Phdr>(phdrs))), "program headers");
+
+  std::shared_ptr<ElfImage> img(new ElfImage());
+  img->type_ = eh.e_type;
+  img->machine_ = eh.e_machine;
+  img->entry_ = eh.e_entry;
+  auto ph = REMORA_TRY(take_phdrs(phdrs, *img));
+
+  // `base` maps file offset 0, which is the first PT_LOAD's page.
+  const uint64_t page = static_cast<uint64_t>(host_page_size());
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const LoadSegment& seg : img->loads_) {
+    lo = std::min(lo, seg.vaddr & ~(page - 1));
+    hi = std::max(hi, seg.vaddr + seg.memsz);  // checked in take_phdrs
+  }
+  const uint64_t bias = base - lo;  // modular: the image may sit below its link address
+  const uint64_t span = hi - lo;
+
+  // Reads only what some PT_LOAD mapped (memsz: .bss reads as zeros).
+  const Reader vread = [&img, &read, bias](uint64_t vaddr, std::span<std::byte> out) -> Result<void> {
+    for (const LoadSegment& seg : img->loads_) {
+      if (vaddr >= seg.vaddr && fits(vaddr - seg.vaddr, out.size(), seg.memsz)) return read(vaddr + bias, out);
+    }
+    return parse_error("virtual address " + hex_addr(vaddr) + " (" + std::to_string(out.size()) +
+                       " bytes) is not inside any PT_LOAD segment");
+  };
+  auto in_file_part = [&img](uint64_t vaddr, uint64_t len) {
+    return std::any_of(img->loads_.begin(), img->loads_.end(), [&](const LoadSegment& seg) {
+      return vaddr >= seg.vaddr && fits(vaddr - seg.vaddr, len, seg.filesz);
+    });
+  };
+
+  for (const Elf64_Phdr& p : ph.notes) {
+    if (!in_file_part(p.p_vaddr, p.p_filesz)) continue;  // not mapped: nothing to read
+    auto data = REMORA_TRY_CTX(read_bytes(vread, p.p_vaddr, p.p_filesz, kMaxNoteBytes, "PT_NOTE"), "PT_NOTE");
+    auto id = REMORA_TRY_CTX(walk_notes(data, p.p_align == 8 ? 8 : 4), "PT_NOTE");
+    if (id) {
+      img->build_id_ = std::move(*id);
+      break;
+    }
+  }
+
+  if (ph.dynamic && with_symbols) {
+    auto entries = REMORA_TRY_CTX(read_array<Elf64_Dyn>(vread, ph.dynamic->p_vaddr,
+                                                        ph.dynamic->p_filesz / sizeof(Elf64_Dyn),
+                                                        kMaxDynamicEntries, "PT_DYNAMIC"),
+                                  "PT_DYNAMIC");
+    DynInfo info = parse_dynamic(entries);
+    // glibc's ld.so relocates the d_ptr entries in place (elf_get_dynamic_info,
+    // unless the dynamic section is read-only as in the vDSO); musl's does
+    // not. A value inside the runtime image is therefore already biased.
+    auto unbias = [&](std::optional<uint64_t>& p) {
+      if (p && *p >= base && *p - base < span) *p -= bias;
+    };
+    unbias(info.symtab);
+    unbias(info.strtab);
+    unbias(info.gnu_hash);
+    unbias(info.hash);
+    unbias(info.versym);
+    REMORA_TRY_CTX(load_dynamic_symbols(vread, info, *img), "PT_DYNAMIC");
+  }
+  return std::shared_ptr<const ElfImage>(std::move(img));
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfImage::from_file_bytes(std::vector<std::byte> bytes) {
+  return ElfParser::parse_file(bytes);
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Error::from_errno("fstat ELF file");
+  if (!S_ISREG(st.st_mode)) return Error(Errc::kInvalidArgument, "not a regular file; cannot read it as an ELF image");
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
+    return parse_error("ELF file of " + std::to_string(st.st_size) + " bytes exceeds the limit of " +
+                       std::to_string(kMaxFileBytes));
+  }
+  std::vector<std::byte> bytes(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::from_errno("read ELF file");
+    }
+    if (n == 0) break;  // the file shrank meanwhile: parse what is there
+    got += static_cast<size_t>(n);
+  }
+  bytes.resize(got);
+  return from_file_bytes(std::move(bytes));
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfImage::from_memory(uint64_t base, const ReadFn& read) {
+  return ElfParser::parse_memory(base, read, true);
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfImage::headers_from_memory(uint64_t base, const ReadFn& read) {
+  return ElfParser::parse_memory(base, read, false);
+}
+
+std::string ElfImage::build_id_hex() const { return to_hex(build_id_.data(), build_id_.size()); }
+
+std::optional<Symbol> ElfImage::find_symbol(std::string_view name) const {
+  // A match with a hidden version ("name@VER", not the default) is only a
+  // fallback: dlsym() returns the default version when there is one.
+  std::optional<size_t> hidden_match;
+  auto matches = [&](size_t idx) -> bool {  // true: a default-version match, stop
+    if (idx >= dynsyms_.size()) return false;
+    const Symbol& s = dynsyms_[idx];
+    if (!defined(s) || s.name != name) return false;
+    if (idx < dynsym_hidden_.size() && dynsym_hidden_[idx]) {
+      if (!hidden_match) hidden_match = idx;
+      return false;
+    }
+    return true;
+  };
+
+  std::optional<size_t> hit;
+  if (!gnu_.buckets.empty()) {
+    const uint32_t h = gnu_hash(name);
+    const uint64_t word = gnu_.bloom[(h / 64) & (gnu_.bloom.size() - 1)];
+    const uint64_t mask = (uint64_t{1} << (h % 64)) | (uint64_t{1} << ((h >> gnu_.bloom_shift) % 64));
+    if ((word & mask) == mask) {
+      uint64_t idx = gnu_.buckets[h % gnu_.buckets.size()];
+      if (idx >= gnu_.symoffset) {
+        for (; idx - gnu_.symoffset < gnu_.chain.size(); ++idx) {
+          const uint32_t h2 = gnu_.chain[idx - gnu_.symoffset];
+          if ((h | 1) == (h2 | 1) && matches(idx)) {
+            hit = idx;
+            break;
+          }
+          if (h2 & 1) break;
+        }
+      }
+    }
+  } else if (!sysv_.buckets.empty()) {
+    const uint32_t h = sysv_hash(name);
+    uint64_t idx = sysv_.buckets[h % sysv_.buckets.size()];
+    // Bounded by the chain length so that a cyclic chain cannot loop forever.
+    for (size_t steps = 0; idx != STN_UNDEF && idx < sysv_.chain.size() && steps <= sysv_.chain.size(); ++steps) {
+      if (matches(idx)) {
+        hit = idx;
+        break;
+      }
+      idx = sysv_.chain[idx];
+    }
+  } else {
+    for (size_t i = 0; i < dynsyms_.size(); ++i) {
+      if (matches(i)) {
+        hit = i;
+        break;
+      }
+    }
+  }
+  if (!hit) hit = hidden_match;
+  if (hit) return dynsyms_[*hit];
+
+  auto it = symtab_index_.find(name);
+  if (it != symtab_index_.end()) return symtab_[it->second];
+  return std::nullopt;
+}
+
+std::vector<Symbol> ElfImage::function_symbols() const {
+  std::vector<Symbol> out;
+  std::set<std::pair<uint64_t, std::string_view>> seen;
+  auto take = [&](const std::vector<Symbol>& table) {
+    for (const Symbol& s : table) {
+      if (!defined(s) || (s.type != STT_FUNC && s.type != STT_GNU_IFUNC)) continue;
+      // .symtab spells versioned definitions "name@@VER"; .dynsym says "name".
+      if (seen.emplace(s.value, unversioned(s.name)).second) out.push_back(s);
+    }
+  };
+  take(dynsyms_);
+  take(symtab_);
+  return out;
+}
+
+Result<uint64_t> ElfImage::bias_for_mapping(uint64_t map_start, uint64_t map_offset, uint64_t page_size) const {
+  if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
+    return Error(Errc::kInvalidArgument, "page size " + std::to_string(page_size) + " is not a power of two");
+  }
+  const uint64_t mask = ~(page_size - 1);
+  std::optional<uint64_t> bias;
+  for (const LoadSegment& seg : loads_) {
+    if ((seg.offset & mask) != map_offset) continue;
+    const uint64_t b = map_start - (seg.vaddr & mask);
+    // Two segments can share a file page: ld places the RW segment's first
+    // bytes (RELRO) in the file page that ends the previous R segment, at a
+    // higher vaddr page. Both mappings then show that offset, usually both
+    // r--p after RELRO's mprotect, so the mapping alone cannot tell which
+    // segment it is; a guessed bias would make us call a wrong address.
+    if (bias && *bias != b) {
+      return parse_error("file offset " + hex_addr(map_offset) +
+                         " begins two PT_LOAD segments, so this mapping is ambiguous; use the mapping at file "
+                         "offset 0 (or another offset owned by one segment)");
+    }
+    bias = b;
+  }
+  if (!bias) {
+    return parse_error("no PT_LOAD segment starts at file offset " + hex_addr(map_offset) +
+                       "; the mapping does not belong to this image");
+  }
+  return *bias;
+}
+
+const LoadSegment* ElfImage::segment_for(uint64_t vaddr) const {
+  for (const LoadSegment& seg : loads_) {
+    if (vaddr >= seg.vaddr && vaddr - seg.vaddr < seg.memsz) return &seg;
+  }
+  return nullptr;
+}
+
+Result<std::optional<std::vector<std::byte>>> find_build_id_in_notes(std::span<const std::byte> notes) {
+  return walk_notes(notes, 4);
+}
+
+uint32_t gnu_hash(std::string_view name) {
+  uint32_t h = 5381;
+  for (unsigned char c : name) h = h * 33 + c;
+  return h;
+}
+
+uint32_t sysv_hash(std::string_view name) {
+  uint32_t h = 0;
+  for (unsigned char c : name) {
+    h = (h << 4) + c;
+    uint32_t g = h & 0xf0000000u;
+    if (g != 0) h ^= g >> 24;
+    h &= ~g;
+  }
+  return h;
+}
+
+ImageCache& ImageCache::global() {
+  static ImageCache* cache = new ImageCache();  // never destroyed: usable from any thread at exit
+  return *cache;
+}
+
+size_t ImageCache::KeyHash::operator()(const Key& k) const {
+  size_t h = std::hash<uint64_t>{}(k.dev);
+  auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  mix(std::hash<uint64_t>{}(k.inode));
+  mix(std::hash<std::string>{}(k.build_id_hex));
+  return h;
+}
+
+Result<std::shared_ptr<const ElfImage>> ImageCache::get_or_load(
+    const Key& key, const std::function<Result<std::shared_ptr<const ElfImage>>()>& load) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    ++loads_;
+  }
+  // Loading runs unlocked: parsing libc must not stall lookups of other keys.
+  auto loaded = load();
+  if (!loaded.ok()) return std::move(loaded).error();
+  if (!loaded.value()) return Error(Errc::kInternal, "image loader returned no image");
+  std::lock_guard<std::mutex> lock(mu_);
+  // One result wins: a concurrent loader that inserted first is kept.
+  return map_.try_emplace(key, std::move(loaded).value()).first->second;
+}
+
+size_t ImageCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
+
+uint64_t ImageCache::loads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loads_;
+}
+
+void ImageCache::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_.clear();
+}
+
+}  // namespace remora::elf
