@@ -192,6 +192,12 @@ Target::Target(pid_t pid) : pid_(pid), ns_pid_(pid) {}
 
 Target::~Target() { (void)close(); }
 
+void Target::set_use_map_files(bool use) {
+  std::lock_guard lock(impl_->mu);
+  impl_->lookup.use_map_files = use;
+  impl_->symbols.clear();
+}
+
 std::optional<uint64_t> Target::scratch_address() const { return impl_ ? impl_->scratch : std::nullopt; }
 
 Result<void> Target::read(RemoteAddr addr, std::span<std::byte> out) { return impl_->mem.read(addr.addr(), out); }

@@ -116,6 +116,11 @@ class Target {
   // Whether a scratch mapping currently exists (for tests).
   std::optional<uint64_t> scratch_address() const;
 
+  // Internal: skip /proc/PID/map_files when opening mapped files, so tests can
+  // exercise the fallback through the target's root (/proc/PID/root). Also
+  // forgets the symbols resolved so far in this session.
+  void set_use_map_files(bool use);
+
  private:
   struct Impl;
   explicit Target(pid_t pid);
