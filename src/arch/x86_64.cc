@@ -134,6 +134,28 @@ std::array<std::byte, Stub::kSize> stub_code() {
   put(Stub::kCallEntry + 3, kTail, sizeof kTail);
   put(Stub::kSyscallEntry, kSyscall, sizeof kSyscall);
   put(Stub::kSyscallEntry + 2, kTail, sizeof kTail);
+  static constexpr uint8_t kTrampoline[] = {
+      0x53,                                      // push %rbx         (align the stack)
+      0x48, 0x89, 0xfb,                          // mov %rdi,%rbx
+      0xb8, 0xba, 0x00, 0x00, 0x00,              // mov $186,%eax     (gettid)
+      0x0f, 0x05,                                // syscall
+      0x48, 0x89, 0x43, 0x38,                    // mov %rax,0x38(%rbx)
+      0xff, 0x53, 0x18,                          // call *0x18(%rbx)  (pthread_self)
+      0x48, 0x89, 0xc7,                          // mov %rax,%rdi
+      0xff, 0x53, 0x20,                          // call *0x20(%rbx)  (pthread_detach)
+      0x48, 0x8b, 0x7b, 0x08,                    // mov 0x8(%rbx),%rdi
+      0x48, 0x8b, 0x73, 0x10,                    // mov 0x10(%rbx),%rsi
+      0xff, 0x13,                                // call *(%rbx)      (dlopen)
+      0x48, 0x89, 0x43, 0x30,                    // mov %rax,0x30(%rbx)
+      0xff, 0x53, 0x40,                          // call *0x40(%rbx)  (dlerror)
+      0x48, 0x89, 0x43, 0x48,                    // mov %rax,0x48(%rbx)
+      0x48, 0xc7, 0x43, 0x28, 0x01, 0, 0, 0,     // movq $1,0x28(%rbx) (done)
+      0x31, 0xc0,                                // xor %eax,%eax
+      0x5b,                                      // pop %rbx
+      0xc3,                                      // ret
+  };
+  static_assert(sizeof kTrampoline <= Stub::kSize - Stub::kThreadTrampoline);
+  put(Stub::kThreadTrampoline, kTrampoline, sizeof kTrampoline);
   return code;
 }
 

@@ -115,15 +115,36 @@ void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::
 // restores itself. A live controller stops the thread at the rt_sigreturn
 // syscall-entry (PTRACE_SYSCALL), reads the result from rdi and restores the
 // thread itself instead.
+//  thread trampoline (a pthread start routine; rdi = a LoaderBlock):
+//    records its tid, detaches itself, dlopen(path, flags), records the
+//    handle and dlerror(), then sets `done` as its last store and returns
+//    into libc's thread exit. Used to load the agent on a fresh thread, so
+//    that dlopen never runs on an interrupted application thread.
 struct Stub {
+  static constexpr uint64_t kThreadTrampoline = 64;
   static constexpr uint64_t kCallEntry = 0;
   static constexpr uint64_t kCallReturnSyscallEnd = 16;  // rip after the final syscall
   static constexpr uint64_t kSyscallEntry = 32;
   static constexpr uint64_t kSyscallEnd = 34;            // rip after the requested syscall
   static constexpr uint64_t kSyscallReturnSyscallEnd = 47;
-  static constexpr size_t kSize = 64;
+  static constexpr size_t kSize = 128;
 };
 std::array<std::byte, Stub::kSize> stub_code();
+
+// The block the thread trampoline works on (in target memory).
+struct LoaderBlock {
+  uint64_t dlopen_fn;        // 0x00
+  uint64_t path;             // 0x08
+  uint64_t flags;            // 0x10
+  uint64_t pthread_self_fn;  // 0x18
+  uint64_t pthread_detach_fn;// 0x20
+  uint64_t done;             // 0x28: 1 once the trampoline is about to return
+  uint64_t handle;           // 0x30: dlopen's result
+  uint64_t tid;              // 0x38: the trampoline thread's id
+  uint64_t dlerror_fn;       // 0x40
+  uint64_t error;            // 0x48: dlerror()'s result
+};
+static_assert(sizeof(LoaderBlock) == 0x50);
 
 // glibc's __restore_rt (the sa_restorer it installs): mov $15,%rax; syscall.
 inline constexpr std::array<uint8_t, 9> kRestoreRtPattern = {0x48, 0xc7, 0xc0, 0x0f, 0x00,

@@ -25,6 +25,19 @@ std::string_view basename_of(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
+// A memfd shows in maps as "/memfd:NAME (deleted)"; Remora names the memfds
+// it creates "remora:BASENAME", so the library keeps its own name.
+bool is_memfd(std::string_view path) { return path.substr(0, 7) == "/memfd:"; }
+
+std::string_view match_name(std::string_view path) {
+  std::string_view base = basename_of(path);
+  if (is_memfd(path)) {
+    base = path.substr(7);
+    if (base.substr(0, 7) == "remora:") base.remove_prefix(7);
+  }
+  return base;
+}
+
 std::string dev_string(uint64_t dev) {
   return std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
 }
@@ -102,7 +115,7 @@ Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry
       if (lib.path == name) tiers[0].push_back(&lib);
       continue;
     }
-    std::string_view base = basename_of(lib.path);
+    std::string_view base = match_name(lib.path);
     if (base == name) {
       tiers[0].push_back(&lib);
     } else if (base.size() > name.size() && base.substr(0, name.size()) == name) {
@@ -174,6 +187,12 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
       // in the initial user namespace) or an unexpected identity: fall back.
       REMORA_LOG(kElf, "map_files route unavailable for %s (%s), using the target's root", lib.path.c_str(),
                  fd >= 0 ? "identity differs" : std::strerror(errno));
+    }
+    if (is_memfd(lib.path)) {
+      // A memfd has no path to open: its image in memory is the only copy,
+      // and by definition the one mapped.
+      route = OpenRoute::kMemory;
+      return elf::ElfImage::from_memory(hdr->start, read);
     }
     UniqueFd f = REMORA_TRY_CTX(open_in_root(pid, lib.path),
                                 lib.deleted ? "the mapped file " + lib.path + " was deleted" : "open mapped file");

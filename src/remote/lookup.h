@@ -39,7 +39,7 @@ struct MappedLibrary {
 };
 
 // How the image file was opened (for messages and tests).
-enum class OpenRoute { kMapFiles, kRootPath, kCache };
+enum class OpenRoute { kMapFiles, kRootPath, kMemory, kCache };
 
 struct LoadedImage {
   std::shared_ptr<const elf::ElfImage> image;

@@ -75,6 +75,9 @@ constexpr uint64_t kPage = 4096;
 // Scratch: page 0 holds the stubs (RX), the rest is data for byte arguments.
 constexpr uint64_t kScratchSize = 16 * kPage;
 constexpr uint64_t kScratchData = kPage;
+// Byte arguments of one call use [kScratchData, kSessionData); session
+// allocations (scratch_alloc) grow from kSessionData to the end.
+constexpr uint64_t kSessionData = 12 * kPage;
 constexpr int kSigprocmaskBlock = 0;  // SIG_BLOCK
 
 // "process 4242", or "process 4242 (pid 7 in its own pid namespace)" when the
@@ -123,6 +126,7 @@ struct Target::Impl {
   // Run system calls through libc's gadgets even when the scratch exists:
   // munmap of the scratch itself must not return into the page it removes.
   bool force_gadget = false;
+  uint64_t session_used = 0;  // bytes handed out by scratch_alloc
   LookupOptions lookup;
   // Resolved (library, symbol) pairs of this session. A hit is re-validated
   // against the current maps (the code must still be mapped from the same
@@ -192,6 +196,23 @@ Target::Target(pid_t pid) : pid_(pid), ns_pid_(pid) {}
 
 Target::~Target() { (void)close(); }
 
+Result<RemoteAddr> Target::scratch_alloc(size_t size, const CallOptions& opts) {
+  std::lock_guard lock(impl_->mu);
+  uint64_t rounded = (static_cast<uint64_t>(size) + 15) & ~uint64_t{15};
+  if (rounded > kScratchSize - kSessionData - impl_->session_used)
+    return Error(Errc::kInvalidArgument, "scratch session memory exhausted (" + std::to_string(size) + " bytes asked)");
+  if (!impl_->scratch) REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
+  uint64_t at = *impl_->scratch + kSessionData + impl_->session_used;
+  impl_->session_used += rounded;
+  return RemoteAddr(at);
+}
+
+Result<RemoteAddr> Target::thread_trampoline(const CallOptions& opts) {
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->scratch) REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
+  return RemoteAddr(*impl_->scratch + x::Stub::kThreadTrampoline);
+}
+
 void Target::set_use_map_files(bool use) {
   std::lock_guard lock(impl_->mu);
   impl_->lookup.use_map_files = use;
@@ -251,9 +272,9 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
   uint64_t total = 0;
   for (const auto& a : args)
     if (a.kind == CallArg::Kind::kBytes) total += (a.bytes.size() + 15) & ~uint64_t{15};
-  if (total > kScratchSize - kScratchData)
+  if (total > kSessionData - kScratchData)
     return Error(Errc::kInvalidArgument, "byte arguments total " + std::to_string(total) + " bytes; at most " +
-                                             std::to_string(kScratchSize - kScratchData) + " fit");
+                                             std::to_string(kSessionData - kScratchData) + " fit");
   if (total > 0 && !impl_->scratch) {
     // One cheap remote syscall creates the scratch mapping.
     REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
@@ -291,6 +312,7 @@ Result<void> Target::close() {
   auto r = impl_->run(0, true, x::nr::kMunmap, {base, kScratchSize, 0, 0, 0, 0}, std::chrono::milliseconds(5000));
   impl_->force_gadget = false;
   impl_->scratch.reset();
+  impl_->session_used = 0;
   if (!r) return std::move(r).error().with_context("remove the scratch mapping");
   if (static_cast<int64_t>(r->value) != 0)
     return Error(Errc::kIo, "munmap of the scratch mapping failed in the target", static_cast<int>(-static_cast<int64_t>(r->value)));

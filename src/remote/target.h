@@ -116,6 +116,14 @@ class Target {
   // Whether a scratch mapping currently exists (for tests).
   std::optional<uint64_t> scratch_address() const;
 
+  // Allocates `size` bytes (16-aligned) of session memory in the scratch
+  // mapping, valid until close(); creates the scratch if needed. For data
+  // that must outlive one call (a block a new target thread works on).
+  Result<RemoteAddr> scratch_alloc(size_t size, const CallOptions& opts = {});
+  // Address of the thread trampoline in the scratch code (see
+  // arch::x86_64::Stub::kThreadTrampoline); creates the scratch if needed.
+  Result<RemoteAddr> thread_trampoline(const CallOptions& opts = {});
+
   // Internal: skip /proc/PID/map_files when opening mapped files, so tests can
   // exercise the fallback through the target's root (/proc/PID/root). Also
   // forgets the symbols resolved so far in this session.

@@ -1,0 +1,451 @@
+// libremora-agent.so — Remora's in-target runtime.
+//
+// Small on purpose: no exceptions, hidden visibility, no global constructor
+// beyond the one that starts the listener. Everything it does for the
+// controller runs on its own listener thread ("remora-listen"), which the
+// controller seizes and makes call the entry points below: after the agent is
+// in, no application thread is ever hijacked again.
+//
+// The listener waits in a futex wait with every signal blocked and no lock
+// held: it uses no CPU, it never receives the application's signals, and a
+// remote call on it can never deadlock on a lock the thread itself holds.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "agent/protocol.h"
+#include "remora/tool.h"
+
+#define REMORA_EXPORT extern "C" __attribute__((visibility("default")))
+
+REMORA_EXPORT struct remora_agent_info remora_agent_info;
+
+namespace {
+
+constexpr int kMaxTools = 16;
+constexpr int kMaxEnv = 64;
+
+struct Tool {
+  char path[1024];
+  void* handle;
+  remora_tool_configure_result_t* conf;
+  remora_tool_configure_attach_result_t* conf_attach;
+  bool inited;
+  bool attached;
+};
+
+struct SavedEnv {
+  char name[256];
+  char* old_value;  // strdup'ed, or nullptr when it was unset
+};
+
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+Tool g_tools[kMaxTools];
+int g_tool_count = 0;
+bool g_loaded = false;
+bool g_exit_registered = false;
+uint32_t g_futex_word = 0;
+
+// Lease: a pipe whose only write end the controller holds. EOF (POLLHUP)
+// means the controller is gone.
+int g_lease_fd = -1;
+int g_lease_wake = -1;  // eventfd to stop the watcher
+pthread_t g_lease_thread;
+bool g_lease_running = false;
+
+void set_message(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void set_message(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(remora_agent_info.message, sizeof remora_agent_info.message, fmt, ap);
+  va_end(ap);
+}
+
+int finish(int result) {
+  remora_agent_info.last_result = result;
+  if (result == REMORA_AGENT_OK) remora_agent_info.message[0] = '\0';
+  return result;
+}
+
+void update_tool_names() {
+  char* out = remora_agent_info.tools;
+  size_t left = sizeof remora_agent_info.tools;
+  out[0] = '\0';
+  for (int i = 0; i < g_tool_count && left > 1; ++i) {
+    int n = snprintf(out, left, "%s%s", i ? ":" : "", g_tools[i].path);
+    if (n < 0 || static_cast<size_t>(n) >= left) break;
+    out += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+remora_tool_info_t info_for(int i) {
+  remora_tool_info_t info{};
+  info.size = sizeof info;
+  info.abi_version = REMORA_TOOL_ABI_VERSION;
+  info.tool_path = g_tools[i].path;
+  info.tool_index = static_cast<uint32_t>(i);
+  info.pid = getpid();
+  info.session = remora_agent_info.sessions;
+  return info;
+}
+
+// ---- environment buffer: [uint32 count] then count pairs NAME\0VALUE\0 ----
+
+int apply_env(const void* buffer, SavedEnv* saved, int* saved_count) {
+  *saved_count = 0;
+  if (buffer == nullptr) return REMORA_AGENT_OK;
+  uint32_t count;
+  memcpy(&count, buffer, sizeof count);
+  if (count > kMaxEnv) {
+    set_message("environment buffer holds %u variables; at most %d are accepted", count, kMaxEnv);
+    return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  }
+  const char* p = static_cast<const char*>(buffer) + sizeof count;
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* name = p;
+    const char* value = name + strlen(name) + 1;
+    p = value + strlen(value) + 1;
+    if (name[0] == '\0' || strchr(name, '=') != nullptr || strlen(name) >= sizeof saved[0].name) {
+      set_message("invalid environment variable name '%.64s'", name);
+      return REMORA_AGENT_ERR_BAD_ARGUMENT;
+    }
+    SavedEnv& s = saved[(*saved_count)++];
+    snprintf(s.name, sizeof s.name, "%s", name);
+    const char* old = getenv(name);
+    s.old_value = old ? strdup(old) : nullptr;
+    setenv(name, value, 1);
+  }
+  return REMORA_AGENT_OK;
+}
+
+void rollback_env(SavedEnv* saved, int count) {
+  for (int i = count - 1; i >= 0; --i) {
+    if (saved[i].old_value) setenv(saved[i].name, saved[i].old_value, 1);
+    else unsetenv(saved[i].name);
+  }
+}
+
+void free_saved(SavedEnv* saved, int count) {
+  for (int i = 0; i < count; ++i) free(saved[i].old_value);
+}
+
+bool refused_by_environment() {
+  const char* a = getenv("REMORA_TOOL_ATTACH");
+  const char* b = getenv("ROCP_TOOL_ATTACH");
+  return (a && strcmp(a, "0") == 0) || (b && strcmp(b, "0") == 0);
+}
+
+// ---- tools ----
+
+void unload_all() {
+  for (int i = g_tool_count - 1; i >= 0; --i) {
+    Tool& t = g_tools[i];
+    if (t.attached && t.conf_attach->tool_detach) {
+      remora_tool_info_t info = info_for(i);
+      t.conf_attach->tool_detach(t.conf->tool_data, &info);
+    }
+    if (t.inited && t.conf->tool_fini) t.conf->tool_fini(t.conf->tool_data);
+    if (t.handle) dlclose(t.handle);
+  }
+  memset(g_tools, 0, sizeof g_tools);
+  g_tool_count = 0;
+  g_loaded = false;
+  update_tool_names();
+}
+
+bool same_list(const char* list) {
+  char buf[REMORA_AGENT_TOOLS_SIZE];
+  snprintf(buf, sizeof buf, "%s", list);
+  char* save = nullptr;
+  int i = 0;
+  for (char* tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(nullptr, ":", &save), ++i)
+    if (i >= g_tool_count || strcmp(tok, g_tools[i].path) != 0) return false;
+  return i == g_tool_count;
+}
+
+int load_tools(const char* list) {
+  char buf[REMORA_AGENT_TOOLS_SIZE];
+  if (strlen(list) >= sizeof buf) {
+    set_message("tool list is longer than %zu bytes", sizeof buf - 1);
+    return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  }
+  snprintf(buf, sizeof buf, "%s", list);
+  char* save = nullptr;
+  for (char* tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(nullptr, ":", &save)) {
+    if (g_tool_count == kMaxTools) {
+      set_message("more than %d tools in the list", kMaxTools);
+      return REMORA_AGENT_ERR_BAD_ARGUMENT;
+    }
+    Tool& t = g_tools[g_tool_count++];
+    snprintf(t.path, sizeof t.path, "%s", tok);
+    t.handle = dlopen(tok, RTLD_NOW | RTLD_LOCAL);
+    if (t.handle == nullptr) {
+      set_message("cannot load tool %s: %s", tok, dlerror());
+      return REMORA_AGENT_ERR_LOAD;
+    }
+    auto configure = reinterpret_cast<remora_configure_fn>(dlsym(t.handle, "remora_configure"));
+    auto configure_attach = reinterpret_cast<remora_configure_attach_fn>(dlsym(t.handle, "remora_configure_attach"));
+    if (configure_attach == nullptr) {
+      set_message("tool %s exports no remora_configure_attach: it cannot be attached to a running process "
+                  "(it may only support being loaded at start-up)", tok);
+      return REMORA_AGENT_ERR_NOT_ATTACHABLE;
+    }
+    if (configure == nullptr) {
+      set_message("tool %s exports no remora_configure: it is not a Remora tool", tok);
+      return REMORA_AGENT_ERR_NOT_ATTACHABLE;
+    }
+    int i = g_tool_count - 1;
+    remora_tool_info_t info = info_for(i);
+    t.conf = configure(REMORA_TOOL_ABI_VERSION, &info);
+    if (t.conf == nullptr || t.conf->size < sizeof(uint32_t)) {
+      set_message("tool %s declined in remora_configure", tok);
+      return REMORA_AGENT_ERR_TOOL_FAILED;
+    }
+    t.conf_attach = configure_attach(REMORA_TOOL_ABI_VERSION, &info);
+    if (t.conf_attach == nullptr || t.conf_attach->size < sizeof(remora_tool_configure_attach_result_t) ||
+        t.conf_attach->tool_attach == nullptr || t.conf_attach->tool_detach == nullptr) {
+      set_message("tool %s returned no tool_attach/tool_detach from remora_configure_attach", tok);
+      return REMORA_AGENT_ERR_NOT_ATTACHABLE;
+    }
+    if (t.conf->tool_init) {
+      int rc = t.conf->tool_init(t.conf->tool_data);
+      if (rc != 0) {
+        set_message("tool_init of %s failed with %d", tok, rc);
+        return REMORA_AGENT_ERR_TOOL_FAILED;
+      }
+    }
+    t.inited = true;
+  }
+  if (g_tool_count == 0) {
+    set_message("empty tool list");
+    return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  }
+  g_loaded = true;
+  update_tool_names();
+  return REMORA_AGENT_OK;
+}
+
+int attach_all() {
+  for (int i = 0; i < g_tool_count; ++i) {
+    Tool& t = g_tools[i];
+    remora_tool_info_t info = info_for(i);
+    int rc = t.conf_attach->tool_attach(t.conf->tool_data, &info);
+    if (rc != 0) {
+      set_message("tool_attach of %s failed with %d", t.path, rc);
+      for (int j = i - 1; j >= 0; --j) {
+        remora_tool_info_t dinfo = info_for(j);
+        g_tools[j].conf_attach->tool_detach(g_tools[j].conf->tool_data, &dinfo);
+        g_tools[j].attached = false;
+      }
+      return REMORA_AGENT_ERR_TOOL_FAILED;
+    }
+    t.attached = true;
+  }
+  return REMORA_AGENT_OK;
+}
+
+int detach_all_locked() {
+  for (int i = g_tool_count - 1; i >= 0; --i) {
+    Tool& t = g_tools[i];
+    if (!t.attached) continue;
+    remora_tool_info_t info = info_for(i);
+    t.conf_attach->tool_detach(t.conf->tool_data, &info);
+    t.attached = false;
+  }
+  remora_agent_info.attached = 0;
+  remora_agent_info.detaches++;
+  return REMORA_AGENT_OK;
+}
+
+// At exit: detach if still attached, then fini, on the exiting thread.
+void at_exit() {
+  pthread_mutex_lock(&g_lock);
+  if (remora_agent_info.attached) detach_all_locked();
+  for (int i = g_tool_count - 1; i >= 0; --i)
+    if (g_tools[i].inited && g_tools[i].conf->tool_fini) {
+      g_tools[i].conf->tool_fini(g_tools[i].conf->tool_data);
+      g_tools[i].inited = false;
+    }
+  pthread_mutex_unlock(&g_lock);
+}
+
+// ---- lease ----
+
+void stop_lease_locked() {
+  if (!g_lease_running) return;
+  uint64_t one = 1;
+  (void)!write(g_lease_wake, &one, sizeof one);
+  pthread_mutex_unlock(&g_lock);
+  pthread_join(g_lease_thread, nullptr);
+  pthread_mutex_lock(&g_lock);
+  g_lease_running = false;
+  close(g_lease_wake);
+  close(g_lease_fd);
+  g_lease_wake = g_lease_fd = -1;
+  remora_agent_info.lease_pid = 0;
+}
+
+void* lease_main(void*) {
+  pollfd fds[2] = {{g_lease_fd, POLLIN, 0}, {g_lease_wake, POLLIN, 0}};
+  for (;;) {
+    int n = poll(fds, 2, -1);
+    if (n < 0) continue;  // EINTR cannot happen (signals blocked), but be safe
+    if (fds[1].revents) return nullptr;  // disarmed
+    if (fds[0].revents) break;           // EOF: the controller is gone
+  }
+  pthread_mutex_lock(&g_lock);
+  if (remora_agent_info.attached) {
+    detach_all_locked();
+    remora_agent_info.lease_expired = 1;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return nullptr;
+}
+
+// ---- listener ----
+
+void* listener_main(void*) {
+  pthread_setname_np(pthread_self(), "remora-listen");
+  __atomic_store_n(&remora_agent_info.listener_tid, static_cast<int32_t>(syscall(SYS_gettid)), __ATOMIC_RELEASE);
+  for (;;) {
+    // Woken by nobody: the controller seizes this thread while it waits here
+    // (FUTEX_WAIT restarts transparently after the remote call).
+    syscall(SYS_futex, &g_futex_word, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+  }
+  return nullptr;
+}
+
+bool start_thread(pthread_t* thread, void* (*fn)(void*)) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);  // the new thread inherits "all blocked"
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  int rc = pthread_create(thread, &attr, fn, nullptr);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return rc == 0;
+}
+
+void start_listener() {
+  remora_agent_info.listener_tid = 0;
+  pthread_t t;
+  if (start_thread(&t, listener_main)) pthread_detach(t);
+}
+
+void after_fork_child() {
+  // Only the forking thread survives a fork: the child needs its own
+  // listener. Our lock may have been held by the parent's listener.
+  pthread_mutex_init(&g_lock, nullptr);
+  g_lease_running = false;
+  g_lease_fd = g_lease_wake = -1;
+  remora_agent_info.lease_pid = 0;
+  start_listener();
+}
+
+__attribute__((constructor)) void agent_init() {
+  remora_agent_info.size = sizeof remora_agent_info;
+  remora_agent_info.version = REMORA_AGENT_PROTOCOL_VERSION;
+  remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER;
+  pthread_atfork(nullptr, nullptr, after_fork_child);
+  start_listener();
+  __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
+}
+
+}  // namespace
+
+REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
+  pthread_mutex_lock(&g_lock);
+  int rc = REMORA_AGENT_OK;
+  SavedEnv saved[kMaxEnv];
+  int saved_count = 0;
+  if (refused_by_environment()) {
+    set_message("this process refuses tool attachment (its environment sets REMORA_TOOL_ATTACH=0 or "
+                "ROCP_TOOL_ATTACH=0)");
+    rc = REMORA_AGENT_ERR_REFUSED;
+  } else if (remora_agent_info.attached) {
+    set_message("tools are already attached (%s); detach first", remora_agent_info.tools);
+    rc = REMORA_AGENT_ERR_ALREADY_ATTACHED;
+  } else if (g_loaded && tool_list && tool_list[0] && !same_list(tool_list)) {
+    set_message("a re-attach must name the loaded tools; loaded: %s; requested: %.1024s", remora_agent_info.tools,
+                tool_list);
+    rc = REMORA_AGENT_ERR_DIFFERENT_TOOLS;
+  } else if (!g_loaded && (tool_list == nullptr || tool_list[0] == '\0')) {
+    set_message("no tool given to attach");
+    rc = REMORA_AGENT_ERR_BAD_ARGUMENT;
+  }
+  if (rc == REMORA_AGENT_OK) rc = apply_env(env_buffer, saved, &saved_count);
+  if (rc == REMORA_AGENT_OK) {
+    remora_agent_info.sessions++;
+    bool first = !g_loaded;
+    if (first) rc = load_tools(tool_list);
+    if (rc == REMORA_AGENT_OK) rc = attach_all();
+    if (rc != REMORA_AGENT_OK) {
+      remora_agent_info.sessions--;
+      if (first) unload_all();
+    } else {
+      remora_agent_info.attached = 1;
+      if (!g_exit_registered) g_exit_registered = atexit(at_exit) == 0;
+    }
+  }
+  if (rc != REMORA_AGENT_OK) rollback_env(saved, saved_count);
+  free_saved(saved, saved_count);
+  rc = finish(rc);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+REMORA_EXPORT int remora_agent_detach(void) {
+  pthread_mutex_lock(&g_lock);
+  int rc;
+  if (!remora_agent_info.attached) {
+    set_message("no tools are attached");
+    rc = REMORA_AGENT_ERR_NOT_ATTACHED;
+  } else {
+    stop_lease_locked();
+    rc = detach_all_locked();
+  }
+  rc = finish(rc);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
+// Arms the lease on `read_fd`, the read end of a pipe whose only write end
+// the controller holds (it reopened it through /proc/PID/fd and had ours
+// closed). EOF on it means the controller died: the tools are detached so
+// they flush their data. Takes ownership of read_fd. -1 disarms.
+REMORA_EXPORT int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid) {
+  pthread_mutex_lock(&g_lock);
+  stop_lease_locked();
+  int rc = REMORA_AGENT_OK;
+  if (read_fd >= 0) {
+    g_lease_fd = read_fd;
+    g_lease_wake = eventfd(0, EFD_CLOEXEC);
+    if (g_lease_wake < 0 || !start_thread(&g_lease_thread, lease_main)) {
+      set_message("cannot start the lease watcher");
+      if (g_lease_wake >= 0) close(g_lease_wake);
+      close(g_lease_fd);
+      g_lease_fd = g_lease_wake = -1;
+      rc = REMORA_AGENT_ERR_LEASE;
+    } else {
+      g_lease_running = true;
+      remora_agent_info.lease_pid = controller_pid;
+      remora_agent_info.lease_expired = 0;
+    }
+  }
+  rc = finish(rc);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}

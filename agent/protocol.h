@@ -1,0 +1,64 @@
+// The protocol between Remora's controller and its in-target agent
+// (libremora-agent.so). Shared by both sides; plain C layout, versioned.
+//
+// The controller never talks to the agent over a socket: it reads the
+// agent's exported `remora_agent_info` block through /proc/PID/mem and makes
+// the agent's listener thread call the exported entry points below (remote
+// calls). So the "protocol" is: symbol names, their signatures, and the
+// layout of the info block.
+#ifndef REMORA_AGENT_PROTOCOL_H_
+#define REMORA_AGENT_PROTOCOL_H_
+
+#include <stdint.h>
+
+#define REMORA_AGENT_MAGIC 0x52454d4f52414147ull /* "REMORAAG" */
+#define REMORA_AGENT_PROTOCOL_VERSION 1u
+#define REMORA_AGENT_MESSAGE_SIZE 2048
+#define REMORA_AGENT_TOOLS_SIZE 4096
+
+/* Feature bits in remora_agent_info.features. */
+#define REMORA_AGENT_FEATURE_LEASE 0x1u
+#define REMORA_AGENT_FEATURE_FORK_LISTENER 0x2u
+
+/* Result codes of the entry points (also left in info.last_result). */
+enum remora_agent_result {
+  REMORA_AGENT_OK = 0,
+  REMORA_AGENT_ERR_REFUSED = 1,        /* REMORA_TOOL_ATTACH=0 / ROCP_TOOL_ATTACH=0 */
+  REMORA_AGENT_ERR_BAD_ARGUMENT = 2,   /* malformed env buffer or tool list */
+  REMORA_AGENT_ERR_LOAD = 3,           /* a tool failed to dlopen */
+  REMORA_AGENT_ERR_NOT_ATTACHABLE = 4, /* a tool lacks remora_configure_attach / remora_configure */
+  REMORA_AGENT_ERR_TOOL_FAILED = 5,    /* a tool callback returned non-zero */
+  REMORA_AGENT_ERR_DIFFERENT_TOOLS = 6,/* re-attach with another tool list */
+  REMORA_AGENT_ERR_NOT_ATTACHED = 7,   /* detach without attach */
+  REMORA_AGENT_ERR_ALREADY_ATTACHED = 8,
+  REMORA_AGENT_ERR_LEASE = 9,          /* the lease could not be armed */
+};
+
+/* Exported by the agent as `remora_agent_info`. Written only by the agent
+ * (under its lock); the controller reads it. */
+struct remora_agent_info {
+  uint64_t magic;             /* REMORA_AGENT_MAGIC once initialised */
+  uint32_t size;              /* sizeof(struct remora_agent_info) */
+  uint32_t version;           /* REMORA_AGENT_PROTOCOL_VERSION */
+  uint32_t features;          /* REMORA_AGENT_FEATURE_* */
+  int32_t listener_tid;       /* tid of "remora-listen" (0 while starting) */
+  int32_t attached;           /* 1 while tools are attached */
+  int32_t last_result;        /* enum remora_agent_result of the last call */
+  uint64_t sessions;          /* attaches so far */
+  uint64_t detaches;          /* detaches so far (including lease-forced) */
+  int32_t lease_pid;          /* controller holding the lease (target's view), 0 none */
+  int32_t lease_expired;      /* 1 once the lease forced a detach */
+  char tools[REMORA_AGENT_TOOLS_SIZE];     /* loaded tool list, ':'-separated */
+  char message[REMORA_AGENT_MESSAGE_SIZE]; /* why the last call failed ("" on success) */
+};
+
+/* Entry points, all run on the listener thread by a remote call:
+ *
+ * int remora_agent_attach(const void* env_buffer, const char* tool_list);
+ *     env_buffer: [uint32 count] then count pairs "NAME\0VALUE\0" (may be NULL).
+ *     tool_list: colon-separated paths.
+ * int remora_agent_detach(void);
+ * int remora_agent_set_lease(int32_t controller_pid);   (0 disarms)
+ */
+
+#endif /* REMORA_AGENT_PROTOCOL_H_ */
