@@ -28,7 +28,9 @@
 
 #define REMORA_EXPORT extern "C" __attribute__((visibility("default")))
 
-REMORA_EXPORT struct remora_agent_info remora_agent_info;
+extern "C" {
+__attribute__((visibility("default"))) struct remora_agent_info remora_agent_info = {};
+}
 
 namespace {
 
@@ -169,8 +171,11 @@ bool same_list(const char* list) {
   snprintf(buf, sizeof buf, "%s", list);
   char* save = nullptr;
   int i = 0;
-  for (char* tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(nullptr, ":", &save), ++i)
+  for (char* tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(nullptr, ":", &save), ++i) {
+    char* bar = strchr(tok, '|');
+    if (bar) *bar = '\0';  // compare the display names only
     if (i >= g_tool_count || strcmp(tok, g_tools[i].path) != 0) return false;
+  }
   return i == g_tool_count;
 }
 
@@ -188,8 +193,17 @@ int load_tools(const char* list) {
       return REMORA_AGENT_ERR_BAD_ARGUMENT;
     }
     Tool& t = g_tools[g_tool_count++];
+    // An entry is "PATH" or "NAME|PATH": NAME is what the tool is known by
+    // (the controller's path), PATH where this process can open it (its own
+    // path, or /proc/self/fd/N for a memfd the controller filled).
+    char* bar = strchr(tok, '|');
+    const char* load = tok;
+    if (bar) {
+      *bar = '\0';
+      load = bar + 1;
+    }
     snprintf(t.path, sizeof t.path, "%s", tok);
-    t.handle = dlopen(tok, RTLD_NOW | RTLD_LOCAL);
+    t.handle = dlopen(load, RTLD_NOW | RTLD_LOCAL);
     if (t.handle == nullptr) {
       set_message("cannot load tool %s: %s", tok, dlerror());
       return REMORA_AGENT_ERR_LOAD;

@@ -56,9 +56,12 @@ struct remora_agent_info {
  *
  * int remora_agent_attach(const void* env_buffer, const char* tool_list);
  *     env_buffer: [uint32 count] then count pairs "NAME\0VALUE\0" (may be NULL).
- *     tool_list: colon-separated paths.
+ *     tool_list: colon-separated entries "PATH" or "NAME|PATH" (NAME: how
+ *     the tool is known and compared on re-attach; PATH: what to dlopen).
  * int remora_agent_detach(void);
- * int remora_agent_set_lease(int32_t controller_pid);   (0 disarms)
+ * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
+ *     read_fd: read end of a pipe whose only write end the controller holds
+ *     (-1 disarms); controller_pid is informational.
  */
 
 #endif /* REMORA_AGENT_PROTOCOL_H_ */

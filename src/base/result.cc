@@ -26,6 +26,11 @@ std::string_view errc_name(Errc code) {
     case Errc::kNotSupported: return "not-supported";
     case Errc::kIdentityMismatch: return "identity-mismatch";
     case Errc::kInternal: return "internal";
+    case Errc::kRefused: return "refused";
+    case Errc::kNotAttachable: return "not-attachable";
+    case Errc::kToolFailed: return "tool-failed";
+    case Errc::kNotAttached: return "not-attached";
+    case Errc::kAlreadyAttached: return "already-attached";
   }
   return "unknown";
 }

@@ -39,6 +39,11 @@ enum class Errc : int {
   kNotSupported,      // the kernel, libc or architecture lacks a feature
   kIdentityMismatch,  // a file is not the one mapped in the target
   kInternal,          // a broken invariant: a bug in Remora
+  kRefused,           // the target refuses tools (REMORA_TOOL_ATTACH=0)
+  kNotAttachable,     // a tool lacks remora_configure_attach (or is no tool)
+  kToolFailed,        // a tool failed to load, or a callback returned an error
+  kNotAttached,       // detach without attached tools
+  kAlreadyAttached,   // attach while tools are attached
 };
 
 // Short stable name of a code ("no-such-process"), for messages and tests.

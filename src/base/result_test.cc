@@ -43,8 +43,8 @@ TEST(Result, VoidResult) {
 }
 
 TEST(Result, ErrcNamesAreDistinct) {
-  for (int a = 0; a <= static_cast<int>(Errc::kInternal); ++a)
-    for (int b = a + 1; b <= static_cast<int>(Errc::kInternal); ++b)
+  for (int a = 0; a <= static_cast<int>(Errc::kAlreadyAttached); ++a)
+    for (int b = a + 1; b <= static_cast<int>(Errc::kAlreadyAttached); ++b)
       EXPECT_NE(errc_name(static_cast<Errc>(a)), errc_name(static_cast<Errc>(b)));
 }
 

@@ -234,15 +234,24 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
 namespace {
 
 Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibrary& lib, std::string_view symbol,
-                                 const LookupOptions& opts, bool* found) {
+                                 const LookupOptions& opts, bool want_code, bool* found) {
   *found = false;
   auto loaded = REMORA_TRY(load_image(pid, lib, mem, opts));
   auto sym = loaded.image->find_symbol(symbol);
   if (!sym) return ResolvedSymbol{};
   *found = true;
   uint64_t addr = loaded.bias + sym->value;
-  bool exec = false;
-  for (const auto& m : lib.maps) exec |= m.exec && addr >= m.start && addr < m.end;
+  bool exec = false, mapped = false;
+  for (const auto& m : lib.maps) {
+    exec |= m.exec && addr >= m.start && addr < m.end;
+    mapped |= addr >= m.start && addr < m.end;
+  }
+  if (!want_code) {
+    if (!mapped)
+      return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' of " + lib.path + " at " +
+                                              hex_addr(addr) + " lies outside the library's mappings");
+    return ResolvedSymbol{addr, false, lib.path};
+  }
   if (!exec)
     return Error(Errc::kInvalidArgument, "symbol '" + std::string(symbol) + "' of " + lib.path + " at " +
                                              hex_addr(addr) +
@@ -253,13 +262,14 @@ Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibra
 }  // namespace
 
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
-                                      std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts) {
+                                      std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
+                                      bool want_code) {
   if (symbol.empty()) return Error(Errc::kInvalidArgument, "empty symbol name");
   auto maps = REMORA_TRY(procfs::read_maps(pid));
   bool found = false;
   if (!library.empty()) {
     auto lib = REMORA_TRY(find_library(pid, maps, library));
-    auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, &found));
+    auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, want_code, &found));
     if (!found)
       return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' is not defined in " + lib.path +
                                               " (searched .dynsym and .symtab); check the spelling, or whether "
@@ -272,7 +282,7 @@ Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_
     if (order.empty() || lib.inode != order[0].inode || lib.dev != order[0].dev) order.push_back(std::move(lib));
   size_t searched = 0;
   for (const auto& lib : order) {
-    auto r = lookup_in(pid, mem, lib, symbol, opts, &found);
+    auto r = lookup_in(pid, mem, lib, symbol, opts, want_code, &found);
     if (!r && !found) continue;  // not an ELF image we can read (a data file): skip
     ++searched;
     if (found) return r;

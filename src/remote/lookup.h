@@ -70,7 +70,10 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
 // Resolves `symbol` in `library` (empty: the main executable, then every
 // library in map order). `main_phdr` is AT_PHDR from the auxv, which
 // identifies the main executable's mapping.
+// `want_code`: the address must lie in an executable mapping (a function);
+// false accepts any mapping of the library (a variable).
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
-                                      std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts);
+                                      std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
+                                      bool want_code = true);
 
 }  // namespace remora::remote

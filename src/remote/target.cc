@@ -256,6 +256,13 @@ Result<RemoteAddr> Target::find_symbol(std::string_view library, std::string_vie
   return RemoteAddr(address);
 }
 
+Result<RemoteAddr> Target::find_variable(std::string_view library, std::string_view symbol) {
+  std::lock_guard lock(impl_->mu);
+  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup, false),
+                            "find variable " + std::string(symbol) + " in " + process_str(pid_, ns_pid_));
+  return RemoteAddr(sym.address);
+}
+
 Result<CallReport> Target::call_symbol(std::string_view library, std::string_view symbol,
                                        std::span<const CallArg> args, const CallOptions& opts) {
   auto fn = REMORA_TRY(find_symbol(library, symbol));

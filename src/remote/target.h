@@ -94,6 +94,9 @@ class Target {
   // means: the main executable, then every loaded library in map order.
   Result<RemoteAddr> find_symbol(std::string_view library, std::string_view symbol);
 
+  // Address of a variable (a data symbol) of `library`; no IFUNC handling.
+  Result<RemoteAddr> find_variable(std::string_view library, std::string_view symbol);
+
   // Makes one thread call `fn` with up to six integer arguments (bytes
   // arguments are copied into the target first) and returns its result.
   Result<CallReport> call(RemoteAddr fn, std::span<const CallArg> args, const CallOptions& opts = {});

@@ -1,0 +1,538 @@
+// How a tool gets attached (see ../../shared/design/architecture.md, "The
+// attach sequence"):
+//  1. Refuse a target whose environment says REMORA_TOOL_ATTACH=0 (or
+//     ROCP_TOOL_ATTACH=0), before touching it at all.
+//  2. If the agent is not loaded: make it visible inside the target (its path,
+//     or a memfd), and have one application thread do nothing but
+//     pthread_create() a fresh thread running Remora's trampoline, which
+//     dlopen()s the agent. dlopen never runs on an interrupted application
+//     thread: that thread may hold the malloc or loader lock, and dlopen
+//     needs both (kubo/injector#5, pyrasite#75). The interrupted thread is
+//     chosen blocked in a restartable system call, where glibc holds no
+//     internal lock; pthread_create itself takes the stack-cache and malloc
+//     locks only briefly. The fresh thread holds nothing.
+//  3. Everything else (attach, detach, lease, pipe2) runs as remote calls on
+//     the agent's idle listener thread.
+#include "attach/attach.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <thread>
+
+#include "agent/protocol.h"
+#include "arch/x86_64.h"
+#include "base/deadline.h"
+#include "base/log.h"
+#include "base/strings.h"
+#include "procfs/procfs.h"
+#include "remote/lookup.h"
+#include "remote/memory.h"
+#include "remote/target.h"
+#include "remote/visible_file.h"
+
+#ifndef REMORA_INSTALL_LIBDIR
+#define REMORA_INSTALL_LIBDIR "/usr/local/lib"
+#endif
+
+namespace remora::attach {
+
+namespace x = arch::x86_64;
+using remote::CallArg;
+using remote::CallOptions;
+
+constexpr char kAgentName[] = "libremora-agent.so";
+
+struct Controller::Session {
+  std::mutex mu;
+  pid_t pid = 0;
+  UniqueFd pidfd;
+  std::unique_ptr<remote::Target> target;
+  uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
+  pid_t listener = 0;
+  UniqueFd lease_fd;  // our end of the lease pipe
+  bool attached_by_us = false;
+};
+
+namespace {
+
+void pause_briefly(long ns) {
+  timespec ts{0, ns};
+  nanosleep(&ts, nullptr);
+}
+
+bool pidfd_alive(int pidfd) { return ::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) == 0; }
+
+std::string dir_of(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+bool is_file(const std::string& p) { return ::access(p.c_str(), R_OK) == 0; }
+
+Errc errc_for_agent(int rc) {
+  switch (rc) {
+    case REMORA_AGENT_ERR_REFUSED: return Errc::kRefused;
+    case REMORA_AGENT_ERR_BAD_ARGUMENT: return Errc::kInvalidArgument;
+    case REMORA_AGENT_ERR_LOAD: return Errc::kToolFailed;
+    case REMORA_AGENT_ERR_NOT_ATTACHABLE: return Errc::kNotAttachable;
+    case REMORA_AGENT_ERR_TOOL_FAILED: return Errc::kToolFailed;
+    case REMORA_AGENT_ERR_DIFFERENT_TOOLS: return Errc::kInvalidArgument;
+    case REMORA_AGENT_ERR_NOT_ATTACHED: return Errc::kNotAttached;
+    case REMORA_AGENT_ERR_ALREADY_ATTACHED: return Errc::kAlreadyAttached;
+    default: return Errc::kInternal;
+  }
+}
+
+// Does the target refuse tools through its environment? (Read without
+// stopping it.)
+Result<void> check_environment(pid_t pid) {
+  auto env = procfs::read_bytes("/proc/" + std::to_string(pid) + "/environ");
+  if (!env) return ok();  // unreadable: the agent checks again in the target
+  std::string_view all(reinterpret_cast<const char*>(env->data()), env->size());
+  for (std::string_view var : {"REMORA_TOOL_ATTACH=0", "ROCP_TOOL_ATTACH=0"}) {
+    size_t pos = 0;
+    while ((pos = all.find(var, pos)) != std::string_view::npos) {
+      bool starts = pos == 0 || all[pos - 1] == '\0';
+      bool ends = pos + var.size() == all.size() || all[pos + var.size()] == '\0';
+      if (starts && ends)
+        return Error(Errc::kRefused, "process " + std::to_string(pid) + " refuses tool attachment: it was started with " +
+                                         std::string(var) + " in its environment");
+      pos += var.size();
+    }
+  }
+  return ok();
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_env(const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<std::byte> out(4);
+  uint32_t count = static_cast<uint32_t>(env.size());
+  std::memcpy(out.data(), &count, 4);
+  for (const auto& [name, value] : env) {
+    for (const std::string* s : {&name, &value}) {
+      auto bytes = std::as_bytes(std::span(s->data(), s->size()));
+      out.insert(out.end(), bytes.begin(), bytes.end());
+      out.push_back(std::byte{0});
+    }
+  }
+  return out;
+}
+
+Result<std::string> find_agent_library(const std::string& explicit_path) {
+  std::vector<std::string> tried;
+  auto consider = [&](const std::string& p) -> bool {
+    tried.push_back(p);
+    return is_file(p);
+  };
+  if (!explicit_path.empty()) {
+    if (consider(explicit_path)) return explicit_path;
+    return Error(Errc::kInvalidArgument, "agent library " + explicit_path + " not found or not readable");
+  }
+  if (const char* env = std::getenv("REMORA_AGENT_PATH"); env && *env) {
+    if (consider(env)) return std::string(env);
+  }
+  std::vector<std::string> dirs;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&find_agent_library), &info) && info.dli_fname) dirs.push_back(dir_of(info.dli_fname));
+  char exe[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string d = dir_of(exe);
+    dirs.push_back(d + "/../lib");
+    dirs.push_back(d);
+  }
+  dirs.push_back(REMORA_INSTALL_LIBDIR);
+  for (const auto& d : dirs) {
+    std::string p = d + "/" + kAgentName;
+    char real[PATH_MAX];
+    if (consider(p)) return std::string(::realpath(p.c_str(), real) ? real : p.c_str());
+  }
+  std::string list;
+  for (const auto& t : tried) list += "\n  " + t;
+  return Error(Errc::kInvalidArgument, std::string("cannot find ") + kAgentName +
+                                           "; set REMORA_AGENT_PATH to its path. Looked at:" + list);
+}
+
+Controller::Controller() = default;
+Controller::~Controller() = default;
+
+std::vector<pid_t> Controller::sessions() const {
+  std::lock_guard lock(mu_);
+  std::vector<pid_t> out;
+  for (const auto& [pid, s] : sessions_) out.push_back(pid);
+  return out;
+}
+
+Result<std::shared_ptr<Controller::Session>> Controller::session_for(pid_t pid, bool create) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(pid);
+    if (it != sessions_.end()) {
+      if (pidfd_alive(it->second->pidfd.get())) return it->second;
+      sessions_.erase(it);  // the process died: its pid may be someone else's now
+    }
+  }
+  if (!create) return std::shared_ptr<Session>();
+  auto s = std::make_shared<Session>();
+  s->pid = pid;
+  s->target = REMORA_TRY(remote::Target::open(pid));
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return Error(Errc::kNoSuchProcess, "process " + std::to_string(pid) + " exited", errno);
+  s->pidfd.reset(fd);
+  std::lock_guard lock(mu_);
+  auto [it, inserted] = sessions_.emplace(pid, s);
+  return it->second;
+}
+
+namespace {
+
+// Resolves the agent's entry points if it is loaded; false when it is not.
+Result<bool> resolve_agent(remote::Target& t, uint64_t* info, uint64_t* attach_fn, uint64_t* detach_fn,
+                           uint64_t* lease_fn) {
+  auto maps = REMORA_TRY(procfs::read_maps(t.pid()));
+  if (!remote::find_library(t.pid(), maps, kAgentName)) return false;
+  *info = REMORA_TRY(t.find_variable(kAgentName, "remora_agent_info")).addr();
+  *attach_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_attach")).addr();
+  *detach_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_detach")).addr();
+  *lease_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_set_lease")).addr();
+  return true;
+}
+
+Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
+  remora_agent_info info{};
+  REMORA_TRY(t.read(RemoteAddr(addr), std::as_writable_bytes(std::span(&info, 1))));
+  return info;
+}
+
+// Loads the agent on a fresh thread (see the file comment).
+Result<void> load_agent(remote::Target& t, const std::string& agent_path, const Deadline& deadline) {
+  auto vf = REMORA_TRY_CTX(remote::make_visible(t, agent_path), "make the agent visible to the target");
+  auto cleanup = [&]() { (void)remote::release(t, vf); };
+  auto run = [&]() -> Result<void> {
+    x::LoaderBlock block{};
+    auto dlopen_fn = t.find_symbol("libc.so.6", "dlopen");
+    if (!dlopen_fn) dlopen_fn = t.find_symbol("libdl.so.2", "dlopen");
+    if (!dlopen_fn)
+      return Error(Errc::kNotSupported, "process " + std::to_string(t.pid()) +
+                                            " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
+    block.dlopen_fn = dlopen_fn->addr();
+    block.dlerror_fn = REMORA_TRY(t.find_symbol("libc.so.6", "dlerror")).addr();
+    block.pthread_self_fn = REMORA_TRY(t.find_symbol("libc.so.6", "pthread_self")).addr();
+    block.pthread_detach_fn = REMORA_TRY(t.find_symbol("libc.so.6", "pthread_detach")).addr();
+    block.flags = RTLD_NOW | RTLD_NODELETE;
+    const size_t path_len = vf.path.size() + 1;
+    auto mem = REMORA_TRY(t.scratch_alloc(sizeof block + path_len + 8));
+    uint64_t block_at = mem.addr();
+    uint64_t path_at = block_at + sizeof block;
+    uint64_t thread_out = (path_at + path_len + 7) & ~uint64_t{7};
+    block.path = path_at;
+    REMORA_TRY(t.write(RemoteAddr(path_at), std::as_bytes(std::span(vf.path.c_str(), path_len))));
+    REMORA_TRY(t.write(RemoteAddr(block_at), std::as_bytes(std::span(&block, 1))));
+    auto tramp = REMORA_TRY(t.thread_trampoline());
+    CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
+                      CallArg::integer(block_at)};
+    auto created = REMORA_TRY_CTX(t.call_symbol("libc.so.6", "pthread_create", args), "start the loader thread");
+    if (created.value != 0)
+      return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
+    // Wait for the trampoline to finish (its last store), then for its thread
+    // to leave the scratch code for good.
+    long nap = 20'000;
+    for (;;) {
+      auto b = REMORA_TRY(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))).ok()
+                              ? Result<bool>(true) : Result<bool>(Error(Errc::kIo, "read loader block")));
+      (void)b;
+      if (block.done == 1) break;
+      if (deadline.expired())
+        return Error(Errc::kTimedOut, "the agent did not finish loading in time (its constructor may be blocked)");
+      pause_briefly(nap);
+      nap = std::min<long>(nap * 2, 1'000'000);
+    }
+    std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(block.tid);
+    while (block.tid != 0 && ::access(task.c_str(), F_OK) == 0 && !deadline.expired()) pause_briefly(20'000);
+    if (block.handle == 0) {
+      char msg[512] = "";
+      if (block.error) (void)t.read(RemoteAddr(block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
+      msg[sizeof msg - 1] = '\0';
+      return Error(Errc::kToolFailed, std::string("the target could not load the agent: ") + msg);
+    }
+    return ok();
+  };
+  auto r = run();
+  cleanup();
+  return r;
+}
+
+}  // namespace
+
+Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) {
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  UniqueFd pidfd(fd);
+  return attach_one(pid, fd, opts);
+}
+
+Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const AttachOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string ctx = "attach to process " + std::to_string(pid);
+  if (opts.tools.empty()) return Error(Errc::kInvalidArgument, "no tool library given to attach");
+  REMORA_TRY_CTX(check_environment(pid), ctx);
+  auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
+  std::lock_guard lock(s->mu);
+  if (pidfd >= 0 && !pidfd_alive(pidfd)) return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " exited");
+  remote::Target& t = *s->target;
+  Deadline deadline = Deadline::after(opts.timeout);
+  ProcessOutcome out;
+  out.pid = pid;
+
+  bool loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
+  if (!loaded) {
+    auto agent = REMORA_TRY_CTX(find_agent_library(opts.agent_path), ctx);
+    REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
+    loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
+    if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
+    out.agent_loaded_now = true;
+  }
+  // The listener starts in the agent's constructor; wait until it is there.
+  remora_agent_info info{};
+  for (long nap = 20'000;; nap = std::min<long>(nap * 2, 1'000'000)) {
+    info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid != 0) break;
+    if (deadline.expired()) return Error(Errc::kTimedOut, "the agent's listener thread did not start").with_context(ctx);
+    pause_briefly(nap);
+  }
+  s->listener = info.listener_tid;
+  CallOptions on_listener{s->listener, opts.timeout};
+
+  // Tool list: "display|loadpath" entries for a first attach; the display
+  // names alone when the same tools are loaded already (a re-attach).
+  std::vector<remote::VisibleFile> visible;
+  std::string list, display_list;
+  for (const auto& tool : opts.tools) {
+    char real[PATH_MAX];
+    std::string display = ::realpath(tool.c_str(), real) ? real : tool;
+    display_list += (display_list.empty() ? "" : ":") + display;
+  }
+  if (info.tools[0] != '\0') {
+    list = display_list;  // the agent compares and refuses a different list
+  } else {
+    for (const auto& tool : opts.tools) {
+      char real[PATH_MAX];
+      if (!::realpath(tool.c_str(), real))
+        return Error(Errc::kInvalidArgument, "tool library " + tool + " not found").with_context(ctx);
+      auto vf = remote::make_visible(t, real);
+      if (!vf) {
+        for (auto& v : visible) (void)remote::release(t, v);
+        return std::move(vf).error().with_context(ctx);
+      }
+      list += (list.empty() ? "" : ":") + std::string(real) + "|" + vf->path;
+      visible.push_back(std::move(*vf));
+    }
+  }
+  auto env = encode_env(opts.env);
+  CallArg args[] = {CallArg::buffer(env), CallArg::string(list)};
+  auto rc = t.call(RemoteAddr(s->attach_fn), args, on_listener);
+  for (auto& v : visible) (void)remote::release(t, v);
+  if (!rc) return std::move(rc).error().with_context(ctx);
+  int code = static_cast<int>(static_cast<int32_t>(rc->value));
+  if (code != REMORA_AGENT_OK) {
+    info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    info.message[sizeof info.message - 1] = '\0';
+    return Error(errc_for_agent(code), info.message).with_context(ctx);
+  }
+  s->attached_by_us = true;
+
+  if (opts.lease) {
+    // A pipe made by the target, whose write end we reopen through
+    // /proc/PID/fd and then close in the target: the agent sees EOF exactly
+    // when this controller is gone, whatever pid namespace separates us.
+    auto fds_at = REMORA_TRY_CTX(t.scratch_alloc(8), ctx);
+    CallArg pargs[] = {CallArg::integer(fds_at.addr()), CallArg::integer(O_CLOEXEC)};
+    auto p = REMORA_TRY_CTX(t.call_symbol("libc.so.6", "pipe2", pargs, on_listener), "arm the lease");
+    int32_t fds[2] = {-1, -1};
+    if (p.value != 0 || !t.read(fds_at, std::as_writable_bytes(std::span(fds, 2))))
+      return Error(Errc::kIo, "pipe2 failed in the target").with_context("arm the lease");
+    std::string wpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fds[1]);
+    s->lease_fd.reset(::open(wpath.c_str(), O_WRONLY | O_CLOEXEC));
+    uint64_t close_args[] = {static_cast<uint64_t>(fds[1])};
+    (void)t.syscall(x::nr::kClose, close_args, on_listener);
+    if (!s->lease_fd) {
+      uint64_t close_r[] = {static_cast<uint64_t>(fds[0])};
+      (void)t.syscall(x::nr::kClose, close_r, on_listener);
+      return Error::from_errno("open " + wpath).with_context("arm the lease");
+    }
+    CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])), CallArg::integer(static_cast<uint64_t>(getpid()))};
+    auto l = REMORA_TRY_CTX(t.call(RemoteAddr(s->lease_fn), largs, on_listener), "arm the lease");
+    if (l.value != 0) return Error(Errc::kIo, "the agent could not arm the lease").with_context(ctx);
+  }
+  out.ok = true;
+  out.elapsed = std::chrono::steady_clock::now() - t0;
+  return out;
+}
+
+Result<void> Controller::detach(pid_t pid, std::chrono::milliseconds timeout) {
+  if (pid != 0) return detach_one(pid, timeout);
+  Result<void> last = ok();
+  for (pid_t p : sessions()) {
+    auto r = detach_one(p, timeout);
+    if (!r) last = std::move(r);
+  }
+  return last;
+}
+
+Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout) {
+  const std::string ctx = "detach from process " + std::to_string(pid);
+  auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
+  std::unique_lock lock(s->mu);
+  remote::Target& t = *s->target;
+  auto finish = [&]() {
+    (void)t.close();
+    s->lease_fd.reset();
+    lock.unlock();
+    std::lock_guard g(mu_);
+    sessions_.erase(pid);
+  };
+  auto loaded = resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn);
+  if (!loaded || !*loaded) {
+    finish();
+    if (!loaded) return std::move(loaded).error().with_context(ctx);
+    return Error(Errc::kNotAttached, "no Remora agent in process " + std::to_string(pid) + ": nothing is attached")
+        .with_context(ctx);
+  }
+  auto info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+  auto rc = t.call(RemoteAddr(s->detach_fn), {}, CallOptions{info.listener_tid, timeout});
+  if (!rc) {
+    finish();
+    return std::move(rc).error().with_context(ctx);
+  }
+  int code = static_cast<int>(static_cast<int32_t>(rc->value));
+  if (code != REMORA_AGENT_OK) {
+    info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    info.message[sizeof info.message - 1] = '\0';
+    finish();
+    return Error(errc_for_agent(code), info.message).with_context(ctx);
+  }
+  finish();
+  return ok();
+}
+
+Result<AgentState> Controller::status(pid_t pid) {
+  AgentState st;
+  auto mem = REMORA_TRY(remote::Memory::open(pid));
+  auto maps = REMORA_TRY(procfs::read_maps(pid));
+  if (!remote::find_library(pid, maps, kAgentName)) return st;
+  auto sym = REMORA_TRY(remote::resolve_symbol(pid, mem, kAgentName, "remora_agent_info", 0, {}, false));
+  remora_agent_info info{};
+  REMORA_TRY(mem.read(sym.address, std::as_writable_bytes(std::span(&info, 1))));
+  if (info.magic != REMORA_AGENT_MAGIC) return st;
+  info.tools[sizeof info.tools - 1] = '\0';
+  info.message[sizeof info.message - 1] = '\0';
+  st.agent_loaded = true;
+  st.attached = info.attached != 0;
+  st.sessions = info.sessions;
+  st.detaches = info.detaches;
+  st.tools = info.tools;
+  st.listener_tid = info.listener_tid;
+  st.lease_pid = info.lease_pid;
+  st.lease_expired = info.lease_expired != 0;
+  st.message = info.message;
+  return st;
+}
+
+Result<std::vector<pid_t>> Controller::snapshot_tree(pid_t root) {
+  std::vector<pid_t> order;
+  std::set<pid_t> seen;
+  std::deque<pid_t> queue{root};
+  if (::kill(root, 0) != 0 && errno == ESRCH) return Error(Errc::kNoSuchProcess, "no process " + std::to_string(root));
+  while (!queue.empty()) {
+    pid_t p = queue.front();
+    queue.pop_front();
+    if (!seen.insert(p).second) continue;
+    order.push_back(p);
+    auto kids = procfs::list_children(p);
+    if (!kids) continue;  // exited meanwhile: its children were reparented, not ours to chase
+    for (pid_t k : *kids) queue.push_back(k);
+  }
+  return order;
+}
+
+Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const AttachOptions& opts) {
+  auto pids = REMORA_TRY(snapshot_tree(root));
+  // Hold a pidfd for each process from the snapshot on: a pid recycled
+  // meanwhile can never be attached by mistake.
+  std::vector<UniqueFd> pidfds;
+  for (pid_t p : pids) pidfds.emplace_back(static_cast<int>(::syscall(SYS_pidfd_open, p, 0)));
+  std::vector<ProcessOutcome> outcomes(pids.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    for (size_t i; (i = next.fetch_add(1)) < pids.size();) {
+      outcomes[i].pid = pids[i];
+      if (!pidfds[i] || !pidfd_alive(pidfds[i].get())) {
+        outcomes[i].code = Errc::kTargetExited;
+        outcomes[i].message = "process " + std::to_string(pids[i]) + " exited before it could be attached";
+        continue;
+      }
+      auto r = attach_one(pids[i], pidfds[i].get(), opts);
+      if (r) {
+        outcomes[i] = *r;
+      } else {
+        outcomes[i].code = r.error().code();
+        outcomes[i].message = r.error().to_string();
+      }
+    }
+  };
+  unsigned n = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 4);
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < n && i < pids.size(); ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& th : threads) th.join();
+  std::lock_guard lock(mu_);
+  auto& attached = trees_[root];
+  for (const auto& o : outcomes)
+    if (o.ok) attached.push_back(o.pid);
+  return outcomes;
+}
+
+Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, std::chrono::milliseconds timeout) {
+  std::vector<pid_t> pids;
+  {
+    std::lock_guard lock(mu_);
+    auto it = trees_.find(root);
+    if (it != trees_.end()) {
+      pids = std::move(it->second);
+      trees_.erase(it);
+    }
+  }
+  if (pids.empty()) pids = REMORA_TRY(snapshot_tree(root));  // attached by another controller
+  std::vector<ProcessOutcome> outcomes(pids.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    for (size_t i; (i = next.fetch_add(1)) < pids.size();) {
+      outcomes[i].pid = pids[i];
+      auto r = detach_one(pids[i], timeout);
+      outcomes[i].ok = r.ok();
+      if (!r) {
+        outcomes[i].code = r.error().code();
+        outcomes[i].message = r.error().to_string();
+      }
+    }
+  };
+  unsigned n = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 4);
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < n && i < pids.size(); ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& th : threads) th.join();
+  return outcomes;
+}
+
+}  // namespace remora::attach

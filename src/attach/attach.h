@@ -1,0 +1,111 @@
+// The attach layer: load tool libraries into running processes (one, or a
+// whole process tree), run their attach/detach lifecycle through Remora's
+// in-target agent, and keep track of the sessions this controller made.
+//
+// Threading: a Controller is thread-safe and reentrant; operations on
+// different processes run concurrently, operations on one process are
+// serialised. Every remote call seizes and releases its thread within the
+// call, on the calling OS thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/result.h"
+#include "base/unique_fd.h"
+
+namespace remora::attach {
+
+struct AttachOptions {
+  // Tool libraries (paths as the controller sees them), in call order.
+  std::vector<std::string> tools;
+  // Extra environment applied in the target (setenv) before the tools load.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Deadline for each remote operation (agent load, attach call).
+  std::chrono::milliseconds timeout{10000};
+  // Lease: when this controller dies before detaching, the agent detaches
+  // the tools itself (they flush their data). Off keeps tools attached.
+  bool lease = false;
+  // The agent library; empty: REMORA_AGENT_PATH, then next to Remora's own
+  // library or executable (../lib), then the install location.
+  std::string agent_path;
+};
+
+// What one process reported after an attach or detach.
+struct ProcessOutcome {
+  pid_t pid = 0;
+  bool ok = false;
+  bool agent_loaded_now = false;  // the agent was injected by this attach
+  std::string message;            // error text when !ok
+  Errc code = Errc::kOk;
+  std::chrono::nanoseconds elapsed{0};
+};
+
+// The agent's view of a process (the truth about its session).
+struct AgentState {
+  bool agent_loaded = false;
+  bool attached = false;
+  uint64_t sessions = 0, detaches = 0;
+  std::string tools;  // ':'-separated, as loaded
+  pid_t listener_tid = 0;
+  pid_t lease_pid = 0;
+  bool lease_expired = false;
+  std::string message;  // why the last agent call failed
+};
+
+class Controller {
+ public:
+  Controller();
+  ~Controller();  // closes its sessions without detaching (the lease, if armed, then fires)
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // Attaches opts.tools to process `pid`, loading the agent first if needed.
+  Result<ProcessOutcome> attach(pid_t pid, const AttachOptions& opts);
+  // Detaches the tools from `pid` (whoever attached them); pid 0 detaches
+  // every session this controller made (the last error is returned).
+  Result<void> detach(pid_t pid, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+  // Snapshots the tree under `root` breadth-first (through
+  // /proc/PID/task/*/children), holds a pidfd for each process, and attaches
+  // each one, using both cores. A failure on one process is reported in its
+  // outcome and the others continue; the Result is the last error seen, or
+  // the list of outcomes.
+  Result<std::vector<ProcessOutcome>> attach_tree(pid_t root, const AttachOptions& opts);
+  // Detaches what attach_tree(root) attached.
+  Result<std::vector<ProcessOutcome>> detach_tree(pid_t root,
+                                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+  // Reads the agent's state in `pid` (no thread is stopped).
+  static Result<AgentState> status(pid_t pid);
+  // The process tree under `root`, breadth-first, root first.
+  static Result<std::vector<pid_t>> snapshot_tree(pid_t root);
+
+  // Pids with a live session of this controller.
+  std::vector<pid_t> sessions() const;
+
+ private:
+  struct Session;
+  Result<std::shared_ptr<Session>> session_for(pid_t pid, bool create);
+  Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
+  Result<void> detach_one(pid_t pid, std::chrono::milliseconds timeout);
+
+  mutable std::mutex mu_;
+  std::map<pid_t, std::shared_ptr<Session>> sessions_;
+  std::map<pid_t, std::vector<pid_t>> trees_;  // root -> pids attached by attach_tree
+};
+
+// Finds libremora-agent.so (see AttachOptions::agent_path).
+Result<std::string> find_agent_library(const std::string& explicit_path = {});
+
+// Builds the agent's environment buffer: [uint32 count] then NAME\0VALUE\0 pairs.
+std::vector<std::byte> encode_env(const std::vector<std::pair<std::string, std::string>>& env);
+
+}  // namespace remora::attach
