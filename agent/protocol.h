@@ -15,6 +15,11 @@
 #define REMORA_AGENT_PROTOCOL_VERSION 1u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
+/* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
+#define REMORA_AGENT_SCRATCH_SIZE 16384
+/* The agent also exports `remora_agent_stub`: Remora's call/syscall stubs
+ * (arch::x86_64::stub_code()), so remote calls on the listener need no
+ * scratch mapping. */
 
 /* Feature bits in remora_agent_info.features. */
 #define REMORA_AGENT_FEATURE_LEASE 0x1u

@@ -207,6 +207,16 @@ Result<bool> resolve_agent(remote::Target& t, uint64_t* info, uint64_t* attach_f
   *attach_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_attach")).addr();
   *detach_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_detach")).addr();
   *lease_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_set_lease")).addr();
+  // Calls from now on run through the agent's own stubs and buffer: no
+  // scratch mapping of ours stays in the process. Adopted only if the bytes
+  // are exactly ours (an agent of another build may differ).
+  auto stub = t.find_symbol(kAgentName, "remora_agent_stub");
+  auto scratch = t.find_variable(kAgentName, "remora_agent_scratch");
+  if (stub && scratch) {
+    auto want = x::stub_code();
+    std::array<std::byte, x::Stub::kSize> have{};
+    if (t.read(*stub, have) && have == want) REMORA_TRY(t.adopt_scratch(*stub, *scratch, REMORA_AGENT_SCRATCH_SIZE));
+  }
   return true;
 }
 

@@ -247,6 +247,9 @@ Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibra
     mapped |= addr >= m.start && addr < m.end;
   }
   if (!want_code) {
+    // .bss lies past the file-backed mappings (in an anonymous one): a
+    // variable is valid when a PT_LOAD segment covers it.
+    if (!mapped && loaded.image->segment_for(sym->value) != nullptr) mapped = true;
     if (!mapped)
       return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' of " + lib.path + " at " +
                                               hex_addr(addr) + " lies outside the library's mappings");

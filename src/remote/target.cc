@@ -75,9 +75,9 @@ constexpr uint64_t kPage = 4096;
 // Scratch: page 0 holds the stubs (RX), the rest is data for byte arguments.
 constexpr uint64_t kScratchSize = 16 * kPage;
 constexpr uint64_t kScratchData = kPage;
-// Byte arguments of one call use [kScratchData, kSessionData); session
-// allocations (scratch_alloc) grow from kSessionData to the end.
-constexpr uint64_t kSessionData = 12 * kPage;
+// The last quarter of the data area serves scratch_alloc (session memory);
+// the rest holds the byte arguments of one call.
+constexpr uint64_t session_area(uint64_t data_size) { return (data_size / 4) & ~uint64_t{15}; }
 constexpr int kSigprocmaskBlock = 0;  // SIG_BLOCK
 
 // "process 4242", or "process 4242 (pid 7 in its own pid namespace)" when the
@@ -120,7 +120,9 @@ struct Target::Impl {
   UniqueFd pidfd;
   uint64_t at_phdr = 0;
   bool is_static = false;
-  std::optional<uint64_t> scratch;
+  std::optional<uint64_t> scratch;  // address of the stub code
+  uint64_t data_base = 0, data_size = 0;
+  bool scratch_owned = false;       // our own mapping (munmap at close), or adopted
   std::optional<Gadgets> gadgets;
   pid_t preferred_tid = 0;  // the last thread that worked well
   // Run system calls through libc's gadgets even when the scratch exists:
@@ -199,10 +201,11 @@ Target::~Target() { (void)close(); }
 Result<RemoteAddr> Target::scratch_alloc(size_t size, const CallOptions& opts) {
   std::lock_guard lock(impl_->mu);
   uint64_t rounded = (static_cast<uint64_t>(size) + 15) & ~uint64_t{15};
-  if (rounded > kScratchSize - kSessionData - impl_->session_used)
-    return Error(Errc::kInvalidArgument, "scratch session memory exhausted (" + std::to_string(size) + " bytes asked)");
   if (!impl_->scratch) REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
-  uint64_t at = *impl_->scratch + kSessionData + impl_->session_used;
+  const uint64_t area = session_area(impl_->data_size);
+  if (rounded > area - impl_->session_used)
+    return Error(Errc::kInvalidArgument, "scratch session memory exhausted (" + std::to_string(size) + " bytes asked)");
+  uint64_t at = impl_->data_base + impl_->data_size - area + impl_->session_used;
   impl_->session_used += rounded;
   return RemoteAddr(at);
 }
@@ -211,6 +214,17 @@ Result<RemoteAddr> Target::thread_trampoline(const CallOptions& opts) {
   std::lock_guard lock(impl_->mu);
   if (!impl_->scratch) REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
   return RemoteAddr(*impl_->scratch + x::Stub::kThreadTrampoline);
+}
+
+Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size) {
+  if (impl_->scratch && impl_->scratch_owned) REMORA_TRY(close());
+  std::lock_guard lock(impl_->mu);
+  impl_->scratch = code.addr();
+  impl_->data_base = data.addr();
+  impl_->data_size = data_size;
+  impl_->scratch_owned = false;
+  impl_->session_used = 0;
+  return ok();
 }
 
 void Target::set_use_map_files(bool use) {
@@ -279,14 +293,15 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
   uint64_t total = 0;
   for (const auto& a : args)
     if (a.kind == CallArg::Kind::kBytes) total += (a.bytes.size() + 15) & ~uint64_t{15};
-  if (total > kSessionData - kScratchData)
-    return Error(Errc::kInvalidArgument, "byte arguments total " + std::to_string(total) + " bytes; at most " +
-                                             std::to_string(kSessionData - kScratchData) + " fit");
   if (total > 0 && !impl_->scratch) {
     // One cheap remote syscall creates the scratch mapping.
     REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
   }
-  uint64_t cursor = impl_->scratch.value_or(0) + kScratchData;
+  const uint64_t room = impl_->data_size - session_area(impl_->data_size);
+  if (total > room)
+    return Error(Errc::kInvalidArgument, "byte arguments total " + std::to_string(total) + " bytes; at most " +
+                                             std::to_string(room) + " fit");
+  uint64_t cursor = impl_->data_base;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].kind == CallArg::Kind::kInteger) {
       regs[i] = args[i].value;
@@ -311,6 +326,12 @@ Result<void> Target::close() {
   if (!impl_) return ok();
   std::lock_guard lock(impl_->mu);
   if (!impl_->scratch) return ok();
+  if (!impl_->scratch_owned) {
+    // Adopted (the agent's): not ours to remove.
+    impl_->scratch.reset();
+    impl_->session_used = 0;
+    return ok();
+  }
   uint64_t base = *impl_->scratch;
   // munmap runs through libc's syscall() gadget, never from the scratch page
   // it removes: a thread whose controller died right after the munmap must
@@ -440,7 +461,8 @@ bool signal_pending_for(pid_t pid, pid_t tid) {
 Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                                      std::chrono::milliseconds timeout) {
   Deadline deadline = Deadline::after(timeout);
-  if (!gadgets) gadgets = REMORA_TRY(find_gadgets());
+  // libc's gadgets are needed only to create or remove our own scratch.
+  if (!gadgets && (!scratch || force_gadget)) gadgets = REMORA_TRY(find_gadgets());
   if (tid == 0) {
     tid = REMORA_TRY(pick_thread());
   } else {
@@ -553,7 +575,10 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     auto put = [&](uint64_t addr, const void* p, size_t n) { std::memcpy(frame.data() + (addr - all_mask_at), p, n); };
     uint64_t all = ~uint64_t{0};
     put(all_mask_at, &all, 8);
-    put(pretcode, &gadgets->restore_rt, 8);
+    // The return address of the bootstrap path (glibc's syscall() returns
+    // into __restore_rt); unused once the scratch exists.
+    uint64_t restorer = gadgets ? gadgets->restore_rt : 0;
+    put(pretcode, &restorer, 8);
     x::UContext ucx{};
     ucx.uc_flags = x::kUcFpXstate | x::kUcSigcontextSs | x::kUcStrictRestoreSs;
     // An invalid ss_flags makes rt_sigreturn's sigaltstack restore fail
@@ -669,8 +694,14 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   if (!direct) {
     x::Regs park = r0;
     park.orig_rax = ~uint64_t{0};
-    park.rip = gadgets->restore_rt;
-    park.rsp = uc;
+    if (scratch) {
+      // The stub's own tail: mov $15,%eax; mov %rbx,%rsp; syscall.
+      park.rip = *scratch + x::Stub::kCallEntry + 6;
+      park.rbx = uc;
+    } else {
+      park.rip = gadgets->restore_rt;
+      park.rsp = uc;
+    }
     if (auto r = ptrace::set_regs(tid, park); !r) return fail(std::move(r).error());
     modified = true;
   }
@@ -716,6 +747,10 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
       return fail(std::move(r).error().with_context("prepare the scratch mapping"));
     }
     scratch = b;
+    data_base = b + kScratchData;
+    data_size = kScratchSize - kScratchData;
+    scratch_owned = true;
+    session_used = 0;
   }
 
   // The request itself.

@@ -127,6 +127,12 @@ class Target {
   // arch::x86_64::Stub::kThreadTrampoline); creates the scratch if needed.
   Result<RemoteAddr> thread_trampoline(const CallOptions& opts = {});
 
+  // Uses code and data that already exist in the target (the agent's
+  // exported remora_agent_stub and remora_agent_scratch) instead of a scratch
+  // mapping of our own, which is removed first if there is one. `code` must
+  // hold exactly arch::x86_64::stub_code(). close() then leaves them alone.
+  Result<void> adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size);
+
   // Internal: skip /proc/PID/map_files when opening mapped files, so tests can
   // exercise the fallback through the target's root (/proc/PID/root). Also
   // forgets the symbols resolved so far in this session.
