@@ -234,9 +234,17 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
 namespace {
 
 Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibrary& lib, std::string_view symbol,
-                                 const LookupOptions& opts, bool want_code, bool* found) {
+                                 const LookupOptions& opts, bool want_code, bool* found, ImageMemo* memo) {
   *found = false;
-  auto loaded = REMORA_TRY(load_image(pid, lib, mem, opts));
+  const procfs::MapEntry* hdr = header_mapping(lib);
+  auto key = std::make_tuple(lib.dev, lib.inode, hdr ? hdr->start : 0);
+  LoadedImage loaded;
+  if (auto it = memo ? memo->find(key) : ImageMemo::iterator{}; memo && it != memo->end()) {
+    loaded = it->second;
+  } else {
+    loaded = REMORA_TRY(load_image(pid, lib, mem, opts));
+    if (memo) (*memo)[key] = loaded;
+  }
   auto sym = loaded.image->find_symbol(symbol);
   if (!sym) return ResolvedSymbol{};
   *found = true;
@@ -266,13 +274,16 @@ Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibra
 
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
                                       std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
-                                      bool want_code) {
+                                      bool want_code, const std::vector<procfs::MapEntry>* given_maps,
+                                      ImageMemo* memo) {
   if (symbol.empty()) return Error(Errc::kInvalidArgument, "empty symbol name");
-  auto maps = REMORA_TRY(procfs::read_maps(pid));
+  std::vector<procfs::MapEntry> read_maps;
+  if (given_maps == nullptr) read_maps = REMORA_TRY(procfs::read_maps(pid));
+  const auto& maps = given_maps ? *given_maps : read_maps;
   bool found = false;
   if (!library.empty()) {
     auto lib = REMORA_TRY(find_library(pid, maps, library));
-    auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, want_code, &found));
+    auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, want_code, &found, memo));
     if (!found)
       return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' is not defined in " + lib.path +
                                               " (searched .dynsym and .symtab); check the spelling, or whether "
@@ -285,7 +296,7 @@ Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_
     if (order.empty() || lib.inode != order[0].inode || lib.dev != order[0].dev) order.push_back(std::move(lib));
   size_t searched = 0;
   for (const auto& lib : order) {
-    auto r = lookup_in(pid, mem, lib, symbol, opts, want_code, &found);
+    auto r = lookup_in(pid, mem, lib, symbol, opts, want_code, &found, memo);
     if (!r && !found) continue;  // not an ELF image we can read (a data file): skip
     ++searched;
     if (found) return r;

@@ -18,7 +18,9 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
+#include <tuple>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,8 +74,13 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
 // identifies the main executable's mapping.
 // `want_code`: the address must lie in an executable mapping (a function);
 // false accepts any mapping of the library (a variable).
+// Images already identified in one session, keyed by (device, inode, start
+// of the header mapping): the same mapping needs no second look.
+using ImageMemo = std::map<std::tuple<uint64_t, uint64_t, uint64_t>, LoadedImage>;
+// `maps`: the maps just read (nullptr: read them); `memo`: optional.
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
                                       std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
-                                      bool want_code = true);
+                                      bool want_code = true, const std::vector<procfs::MapEntry>* maps = nullptr,
+                                      ImageMemo* memo = nullptr);
 
 }  // namespace remora::remote

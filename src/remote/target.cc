@@ -137,6 +137,7 @@ struct Target::Impl {
     uint64_t address, dev, inode;
   };
   std::map<std::pair<std::string, std::string>, CachedSymbol> symbols;
+  ImageMemo images;  // cleared whenever a mapping it names has changed
   std::mutex mu;
 
   explicit Impl(Memory m) : mem(std::move(m)) {}
@@ -231,6 +232,7 @@ void Target::set_use_map_files(bool use) {
   std::lock_guard lock(impl_->mu);
   impl_->lookup.use_map_files = use;
   impl_->symbols.clear();
+  impl_->images.clear();
 }
 
 std::optional<uint64_t> Target::scratch_address() const { return impl_ ? impl_->scratch : std::nullopt; }
@@ -256,7 +258,17 @@ Result<RemoteAddr> Target::find_symbol(std::string_view library, std::string_vie
     if (m != nullptr && m->dev() == it->second.dev && m->inode == it->second.inode) return RemoteAddr(it->second.address);
     impl_->symbols.erase(it);
   }
-  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup), ctx);
+  // A memoized image stays valid while its header mapping is still there.
+  for (auto it = impl_->images.begin(); it != impl_->images.end();) {
+    auto [dev, inode, start] = it->first;
+    bool present = std::any_of(maps.begin(), maps.end(), [&](const procfs::MapEntry& m) {
+      return m.start == start && m.dev() == dev && m.inode == inode && m.offset == 0;
+    });
+    it = present ? std::next(it) : impl_->images.erase(it);
+  }
+  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup, true,
+                                           &maps, &impl_->images),
+                            ctx);
   uint64_t address = sym.address;
   if (sym.ifunc) {
     // An IFUNC symbol (strlen, memcpy...) is a resolver that returns the
@@ -272,7 +284,8 @@ Result<RemoteAddr> Target::find_symbol(std::string_view library, std::string_vie
 
 Result<RemoteAddr> Target::find_variable(std::string_view library, std::string_view symbol) {
   std::lock_guard lock(impl_->mu);
-  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup, false),
+  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup, false,
+                                           nullptr, &impl_->images),
                             "find variable " + std::string(symbol) + " in " + process_str(pid_, ns_pid_));
   return RemoteAddr(sym.address);
 }
