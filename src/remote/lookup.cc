@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -194,7 +195,22 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
       route = OpenRoute::kMemory;
       return elf::ElfImage::from_memory(hdr->start, read);
     }
-    UniqueFd f = REMORA_TRY_CTX(open_in_root(pid, lib.path),
+    auto opened = open_in_root(pid, lib.path);
+    if (!opened && opened.error().sys_errno() == ENOENT) {
+      // A process that only chroot()ed (no pivot_root) shows paths of our
+      // side in its maps: /srv/root/lib/x.so for its /lib/x.so. Retry with
+      // the root's own prefix removed.
+      char root[PATH_MAX];
+      std::string link = "/proc/" + std::to_string(pid) + "/root";
+      ssize_t n = ::readlink(link.c_str(), root, sizeof root - 1);
+      if (n > 1) {
+        std::string prefix(root, static_cast<size_t>(n));
+        if (lib.path.size() > prefix.size() && lib.path.compare(0, prefix.size(), prefix) == 0 &&
+            lib.path[prefix.size()] == '/')
+          opened = open_in_root(pid, lib.path.substr(prefix.size()));
+      }
+    }
+    UniqueFd f = REMORA_TRY_CTX(std::move(opened),
                                 lib.deleted ? "the mapped file " + lib.path + " was deleted" : "open mapped file");
     struct stat st {};
     if (::fstat(f.get(), &st) != 0) return Error::from_errno("fstat " + lib.path);
@@ -203,11 +219,16 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
                                                 " is not a regular file; refusing to read it");
     auto image = REMORA_TRY(elf::ElfImage::from_fd(f.get()));
     route = OpenRoute::kRootPath;
-    if (st.st_dev == lib.dev && st.st_ino == lib.inode) return image;
+    const std::string file_build_id = image->build_id_hex();
+    // Same device and inode is not proof on OverlayFS: a file rewritten in
+    // place through the merged view is copied up and keeps its inode number,
+    // while the process still maps the old lower file. Where both sides have
+    // a Build ID it must agree even then.
+    bool ids_conflict = !mem_build_id.empty() && !file_build_id.empty() && mem_build_id != file_build_id;
+    if (st.st_dev == lib.dev && st.st_ino == lib.inode && !ids_conflict) return image;
     // Different device/inode: OverlayFS shows another identity for the same
     // file depending on how it is opened. Only an equal GNU Build ID proves
     // that this file is the image the target mapped.
-    const std::string file_build_id = image->build_id_hex();
     std::string why;
     if (mem_build_id.empty() && file_build_id.empty())
       why = "neither has a GNU Build ID to prove they are the same build";

@@ -1,0 +1,503 @@
+// Container tests: an unprivileged controller resolves and calls functions in
+// a target that runs in its own mount and pid namespaces, chrooted into an
+// OverlayFS root built by the test. The controller has the target's uid and
+// no capabilities, so /proc/PID/map_files is refused to it and every library
+// is opened through the target's root (/proc/PID/root, openat2
+// RESOLVE_IN_ROOT), accepted on a device/inode mismatch only when its GNU
+// Build ID equals the one of the image mapped in the target (remote/lookup.h).
+//
+// Each case asserts the outcome of a real remote call. Needs root; skips only
+// where the kernel lacks OverlayFS or new mount/pid namespaces.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "ctr_support.h"
+#include "elf/elf_image.h"
+#include "procfs/procfs.h"
+#include "remote/target.h"
+#include "remote/visible_file.h"
+
+namespace remora::ctr_test {
+namespace {
+
+using remote::CallArg;
+using remote::Target;
+
+constexpr const char* kLib = "/lib/libctr.so";  // the fixture, as the container sees it
+constexpr const char* kValueA = "4242";         // ctr_value() of builds A and nobid
+constexpr const char* kDecoy = "666";           // ctr_decoy(): what a wrong file leads to
+
+std::string get(const Report& r, const std::string& key) {
+  auto it = r.find(key);
+  return it == r.end() ? std::string() : it->second;
+}
+
+// --- on the parent's side ------------------------------------------------------
+
+std::shared_ptr<const elf::ElfImage> image_of(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  auto img = elf::ElfImage::from_fd(fd);
+  ::close(fd);
+  return img ? *img : nullptr;
+}
+
+std::string build_id_of(const std::string& path) {
+  auto img = image_of(path);
+  return img ? img->build_id_hex() : "<unreadable " + path + ">";
+}
+
+uint64_t offset_of(const std::string& path, const char* symbol) {
+  auto img = image_of(path);
+  if (!img) return 0;
+  auto sym = img->find_symbol(symbol);
+  return sym ? sym->value : 0;
+}
+
+// --- inside the controller (unprivileged, forked) -------------------------------
+
+// Premise: the controller is refused /proc/PID/map_files.
+void note_map_files(Report& r, pid_t pid) {
+  auto maps = procfs::read_maps(pid);
+  if (!maps) {
+    r["map_files"] = "maps unreadable: " + maps.error().to_string();
+    return;
+  }
+  for (const auto& m : *maps) {
+    if (!m.file_backed()) continue;
+    char name[96];
+    std::snprintf(name, sizeof name, "/proc/%d/map_files/%llx-%llx", pid,
+                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
+    int fd = ::open(name, O_RDONLY | O_CLOEXEC);
+    r["map_files"] = fd >= 0 ? "opened" : std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+}
+
+std::string id_string(uint64_t dev, uint64_t ino) {
+  return std::to_string(major(dev)) + ":" + std::to_string(minor(dev)) + " inode " + std::to_string(ino);
+}
+
+// Premise: the identity of `path` as mapped in the target and as found in
+// its root (path without symlinks; stat through /proc/PID/root).
+void note_identity(Report& r, pid_t pid, const std::string& path) {
+  auto maps = procfs::read_maps(pid);
+  if (!maps) return;
+  int offset0 = 0;
+  for (const auto& m : *maps) {
+    if (m.path != path) continue;
+    r["mapped_id"] = id_string(m.dev(), m.inode);
+    if (m.deleted) r["mapped_deleted"] = "1";
+    offset0 += m.offset == 0 ? 1 : 0;
+  }
+  r["mapped_offset0_count"] = std::to_string(offset0);
+  struct stat st {};
+  std::string in_root = "/proc/" + std::to_string(pid) + "/root" + path;
+  r["file_id"] = ::stat(in_root.c_str(), &st) == 0 ? id_string(st.st_dev, st.st_ino) : std::strerror(errno);
+}
+
+std::unique_ptr<Target> open_target(Report& r, pid_t pid) {
+  auto t = Target::open(pid);
+  if (!t) {
+    r["failure"] = "Target::open: " + t.error().to_string();
+    return nullptr;
+  }
+  (*t)->set_use_map_files(false);
+  r["ns_pid"] = std::to_string((*t)->ns_pid());
+  return std::move(*t);
+}
+
+// A real remote call: r[prefix + "value"] on success (as a C int), else
+// r[prefix + "code"] and r[prefix + "error"].
+void call_and_note(Report& r, Target& t, const std::string& lib, const std::string& symbol,
+                   const std::string& prefix = "") {
+  auto c = t.call_symbol(lib, symbol, {});
+  if (c) {
+    r[prefix + "value"] = std::to_string(static_cast<int>(c->value));
+  } else {
+    r[prefix + "code"] = std::string(errc_name(c.error().code()));
+    r[prefix + "error"] = c.error().to_string();
+  }
+}
+
+// The usual body: premises, then ctr_value() in `lib`.
+std::function<void(Report&)> call_value_body(pid_t pid, const std::string& lib = kLib) {
+  return [pid, lib](Report& r) {
+    note_map_files(r, pid);
+    note_identity(r, pid, lib);
+    auto t = open_target(r, pid);
+    if (!t) return;
+    call_and_note(r, *t, lib, "ctr_value");
+    (void)t->close();
+  };
+}
+
+// --- the fixture ------------------------------------------------------------------
+
+class ContainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static const std::string missing = missing_feature();
+    if (!missing.empty()) GTEST_SKIP() << missing;
+    std::string err;
+    ASSERT_TRUE(enter_private_mount_ns(&err)) << err;
+    root_ = ContainerRoot::create(&err);
+    ASSERT_TRUE(root_) << err;
+    ASSERT_TRUE(root_->add_program_with_libs(REMORA_CTR_TARGET, "/prog", &err)) << err;
+  }
+
+  // Skips the test where the kernel has no OverlayFS; fails on mount errors.
+  bool overlay() {
+    if (!overlay_available()) return false;
+    std::string err;
+    EXPECT_TRUE(root_->mount_overlay(&err)) << err;
+    return root_->overlay_mounted();
+  }
+
+  void add(const std::string& src, const std::string& path) {
+    std::string err;
+    ASSERT_TRUE(root_->add_file(src, path, &err)) << err;
+  }
+
+  void start(const std::vector<std::string>& args) {
+    std::string err;
+    target_ = ContainerProcess::start(root_->root(), "/prog", args, &err);
+    ASSERT_TRUE(target_) << err;
+  }
+
+  // The common premises of every controller report.
+  static void expect_unprivileged_fallback(const Report& r) {
+    EXPECT_EQ(get(r, "failure"), "") << to_string(r);
+    EXPECT_EQ(get(r, "controller_uid"), std::to_string(kUid));
+    std::string caps = get(r, "controller_cap_eff");
+    caps.erase(0, caps.find_first_not_of(" \t"));
+    EXPECT_EQ(caps, "0000000000000000") << "the controller must hold no capability";
+    EXPECT_NE(get(r, "map_files"), "opened") << "the controller must be refused /proc/PID/map_files";
+    EXPECT_NE(get(r, "map_files"), "") << to_string(r);
+  }
+
+  std::unique_ptr<ContainerRoot> root_;
+  std::unique_ptr<ContainerProcess> target_;  // declared last: destroyed first
+};
+
+#define REQUIRE_OVERLAY()                                                                        \
+  do {                                                                                           \
+    if (!overlay_available()) GTEST_SKIP() << "the kernel has no OverlayFS (/proc/filesystems)"; \
+    ASSERT_TRUE(overlay());                                                                      \
+  } while (0)
+
+// The fixture builds are what the cases rely on: A and the impostor share a
+// Build ID; B and the impostor have the swapped layout, so their ctr_value is
+// where A has ctr_decoy.
+TEST(ContainerFixtures, BuildsHaveTheExpectedIdentitiesAndLayouts) {
+  const std::string a = REMORA_CTR_LIB_A, b = REMORA_CTR_LIB_B, imp = REMORA_CTR_LIB_IMPOSTOR;
+  EXPECT_EQ(build_id_of(a), "a11ce0000000000000000000000000000000c7a1");
+  EXPECT_EQ(build_id_of(imp), build_id_of(a));
+  EXPECT_NE(build_id_of(b), build_id_of(a));
+  EXPECT_FALSE(build_id_of(b).empty());
+  EXPECT_EQ(build_id_of(REMORA_CTR_LIB_NOBID), "");
+  ASSERT_NE(offset_of(a, "ctr_value"), 0u);
+  EXPECT_EQ(offset_of(b, "ctr_value"), offset_of(a, "ctr_decoy"));
+  EXPECT_EQ(offset_of(imp, "ctr_value"), offset_of(a, "ctr_decoy"));
+  EXPECT_NE(offset_of(imp, "ctr_value"), offset_of(a, "ctr_value"));
+}
+
+// The target runs in its own pid namespace: ns_pid() is the pid it printed,
+// not the pid we know it by.
+TEST_F(ContainerTest, NsPidIsThePidTheTargetSeesItselfAs) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  EXPECT_EQ(get(r, "ns_pid"), std::to_string(target_->printed_pid())) << to_string(r);
+  EXPECT_NE(get(r, "ns_pid"), std::to_string(target_->pid())) << to_string(r);
+  EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+// Case 1: the library as loaded, untouched, found through the root.
+TEST_F(ContainerTest, OverlayLibraryResolvesThroughTheRoot) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+// Case 1: the same build under a new inode (an identical copy renamed over
+// it): device/inode differ, the Build IDs match, so the file is accepted.
+TEST_F(ContainerTest, SameBuildUnderANewInodeResolvesByBuildId) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  std::string err;
+  ASSERT_TRUE(replace_by_rename(root_->merged() + kLib, REMORA_CTR_LIB_A, &err)) << err;
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  ASSERT_NE(get(r, "mapped_id"), get(r, "file_id")) << "premise: identities must differ\n" << to_string(r);
+  EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+void expect_build_mismatch_refusal(const Report& r) {
+  EXPECT_EQ(get(r, "value"), "") << "the call must be refused, not made\n" << to_string(r);
+  EXPECT_EQ(get(r, "code"), "identity-mismatch") << to_string(r);
+  const std::string msg = get(r, "error");
+  EXPECT_NE(msg.find(kLib), std::string::npos) << msg;
+  EXPECT_NE(msg.find(build_id_of(REMORA_CTR_LIB_A)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(build_id_of(REMORA_CTR_LIB_B)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("differ"), std::string::npos) << msg;
+  // Both identities: the file's and the mapped image's.
+  size_t first = msg.find("device ");
+  EXPECT_TRUE(first != std::string::npos && msg.find("device ", first + 1) != std::string::npos) << msg;
+}
+
+// Case 2: another build of the library renamed over the loaded one.
+TEST_F(ContainerTest, OtherBuildRenamedOverTheLoadedOneIsRefused) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  std::string err;
+  ASSERT_TRUE(replace_by_rename(root_->merged() + kLib, REMORA_CTR_LIB_B, &err)) << err;
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  expect_build_mismatch_refusal(r);
+}
+
+// Case 2: build B written over the merged path in place. OverlayFS copies the
+// file up: the upper layer holds B while the target still maps A (from the
+// lower layer).
+TEST_F(ContainerTest, OtherBuildWrittenOverTheLoadedOneIsRefused) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  std::string err;
+  ASSERT_TRUE(replace_in_place(root_->merged() + kLib, REMORA_CTR_LIB_B, &err)) << err;
+  ASSERT_EQ(build_id_of(root_->upper() + kLib), build_id_of(REMORA_CTR_LIB_B))
+      << "premise: B in the upper layer";
+  ASSERT_EQ(build_id_of(root_->lower() + kLib), build_id_of(REMORA_CTR_LIB_A))
+      << "premise: A in the lower layer";
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  expect_build_mismatch_refusal(r);
+}
+
+// Case 3: no Build ID and a device/inode mismatch: nothing proves the file is
+// the mapped image, so it is refused, even though its bytes are the same.
+TEST_F(ContainerTest, NoBuildIdAndAnIdentityMismatchIsRefused) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_NOBID, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  std::string err;
+  ASSERT_TRUE(replace_by_rename(root_->merged() + kLib, REMORA_CTR_LIB_NOBID, &err)) << err;
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  ASSERT_NE(get(r, "mapped_id"), get(r, "file_id")) << "premise: identities must differ\n" << to_string(r);
+  EXPECT_EQ(get(r, "value"), "") << "the call must be refused, not made\n" << to_string(r);
+  EXPECT_EQ(get(r, "code"), "identity-mismatch") << to_string(r);
+  EXPECT_NE(get(r, "error").find(kLib), std::string::npos) << to_string(r);
+  EXPECT_NE(get(r, "error").find("Build ID"), std::string::npos) << to_string(r);
+}
+
+// Case 4: a plain directory as the root (no OverlayFS): the file in the root
+// is the mapped inode itself, so no Build ID is needed.
+TEST_F(ContainerTest, ExactDeviceAndInodeMatchWithoutBuildIdResolves) {
+  add(REMORA_CTR_LIB_NOBID, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  ASSERT_EQ(get(r, "mapped_id"), get(r, "file_id")) << "premise: same identity\n" << to_string(r);
+  EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+// Case 5: the target maps the library file again as read-only data, below and
+// above the library; those mappings must not be taken for the image.
+TEST_F(ContainerTest, DataMappingsOfTheLibraryFileAreIgnored) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib, std::string("mapdata:") + kLib}));
+  Report r = run_controller(call_value_body(target_->pid()));
+  expect_unprivileged_fallback(r);
+  ASSERT_EQ(get(r, "mapped_offset0_count"), "3") << "premise: the image and two data mappings\n"
+                                                 << to_string(r);
+  EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+// Case 6: after the target loaded /lib/libctr_link.so, that path becomes an
+// absolute symlink to /opt/remora-ctr-test/libctr.so. Inside the container
+// that is a copy of A; on the controller's side (its own mount namespace, a
+// tmpfs on /opt) it is the impostor: A's Build ID, B's layout. Following the
+// link on the controller's side would pass the Build ID check and call
+// ctr_decoy (666); resolving it inside the root gives A's 4242.
+TEST_F(ContainerTest, AbsoluteSymlinkIsResolvedInsideTheContainer) {
+  REQUIRE_OVERLAY();
+  const std::string link = "/lib/libctr_link.so", real = "/opt/remora-ctr-test/libctr.so";
+  add(REMORA_CTR_LIB_A, link);
+  add(REMORA_CTR_LIB_A, real);
+  ASSERT_NO_FATAL_FAILURE(start({"dlopen:" + link}));
+  std::string err;
+  ASSERT_TRUE(replace_by_symlink(root_->merged() + link, real, &err)) << err;
+  const std::string impostor = REMORA_CTR_LIB_IMPOSTOR;
+  auto host_opt = [&](std::string* e) -> bool {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      *e = std::string("private mount namespace: ") + std::strerror(errno);
+      return false;
+    }
+    ::mkdir("/opt", 0755);
+    if (::mount("remora-ctr-opt", "/opt", "tmpfs", 0, "mode=0755") != 0 ||
+        ::mkdir("/opt/remora-ctr-test", 0755) != 0) {
+      *e = std::string("tmpfs on /opt: ") + std::strerror(errno);
+      return false;
+    }
+    std::error_code ec;
+    std::filesystem::copy_file(impostor, real, ec);
+    if (ec) *e = "copy the impostor to " + real + ": " + ec.message();
+    return !ec && ::chmod(real.c_str(), 0755) == 0;
+  };
+  const pid_t pid = target_->pid();
+  Report r = run_controller(
+      [&](Report& rep) {
+        rep["host_build_id"] = build_id_of(real);
+        rep["host_value_offset"] = std::to_string(offset_of(real, "ctr_value"));
+        call_value_body(pid, link)(rep);
+      },
+      host_opt);
+  expect_unprivileged_fallback(r);
+  ASSERT_NE(get(r, "mapped_id"), "") << "premise: " << link << " in the target's maps\n" << to_string(r);
+  ASSERT_EQ(get(r, "host_build_id"), build_id_of(REMORA_CTR_LIB_A)) << "premise: the host's impostor\n"
+                                                                    << to_string(r);
+  ASSERT_EQ(get(r, "host_value_offset"), std::to_string(offset_of(REMORA_CTR_LIB_A, "ctr_decoy")))
+      << to_string(r);
+  EXPECT_NE(get(r, "value"), kDecoy) << "the controller followed the symlink out of the container\n"
+                                     << to_string(r);
+  if (get(r, "value").empty())
+    EXPECT_NE(get(r, "code"), "") << "refused is acceptable, with a reason\n" << to_string(r);
+  else
+    EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+// Case 7: a library that exists only on the controller's side is made visible
+// in the target through a memfd, loaded by a remote dlopen(), released; then
+// its function is called. No fd stays behind in the target.
+TEST_F(ContainerTest, HostOnlyLibraryLoadsThroughAMemfd) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  // The controller reads the library as kUid: a copy under base/host.
+  const std::string host_lib = root_->host() + "/libctr_host.so";
+  std::error_code ec;
+  std::filesystem::copy_file(REMORA_CTR_LIB_HOST, host_lib, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_EQ(::chmod(host_lib.c_str(), 0644), 0);
+  ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
+  const pid_t pid = target_->pid();
+  auto count_fds = [pid]() -> std::string {
+    DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+    if (d == nullptr) return std::string("unreadable: ") + std::strerror(errno);
+    int n = 0;
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+    return std::to_string(n);
+  };
+  Report r = run_controller([&](Report& rep) {
+    note_map_files(rep, pid);
+    auto t = open_target(rep, pid);
+    if (!t) return;
+    rep["fds_before"] = count_fds();
+    auto vf = remote::make_visible(*t, host_lib);
+    if (!vf) {
+      rep["visible_error"] = vf.error().to_string();
+      return;
+    }
+    rep["visible_path"] = vf->path;
+    rep["visible_via_memfd"] = vf->via_memfd() ? "1" : "0";
+    CallArg args[] = {CallArg::string(vf->path), CallArg::integer(RTLD_NOW)};
+    auto h = t->call_symbol("libc.so.6", "dlopen", args);
+    uint64_t handle = h ? h->value : 0;
+    rep["dlopen"] = h ? std::to_string(handle) : "error: " + h.error().to_string();
+    auto rel = remote::release(*t, *vf);
+    rep["release"] = rel ? "ok" : rel.error().to_string();
+    rep["fds_after"] = count_fds();
+    if (auto maps = procfs::read_maps(pid)) {
+      for (const auto& m : *maps)
+        if (m.path.rfind("/memfd:remora:", 0) == 0 && m.exec) rep["memfd_mapping"] = m.path;
+    }
+    if (handle == 0) return;
+    // By name, as a user would after loading it: the path /proc/PID/maps shows.
+    if (!get(rep, "memfd_mapping").empty())
+      call_and_note(rep, *t, get(rep, "memfd_mapping"), "ctr_host_value");
+    // By the library's own file name, which the memfd keeps ("remora:NAME").
+    call_and_note(rep, *t, "libctr_host.so", "ctr_host_value", "by_name_");
+    // And through the target's own dlsym on the handle.
+    CallArg sym_args[] = {CallArg::integer(handle), CallArg::string("ctr_host_value")};
+    auto addr = t->call_symbol("libc.so.6", "dlsym", sym_args);
+    if (addr && addr->value != 0) {
+      auto v = t->call(RemoteAddr(addr->value), {});
+      rep["dlsym_value"] = v ? std::to_string(static_cast<int>(v->value)) : v.error().to_string();
+    } else {
+      rep["dlsym_value"] = addr ? "dlsym returned NULL" : addr.error().to_string();
+    }
+    (void)t->close();
+  });
+  expect_unprivileged_fallback(r);
+  EXPECT_EQ(get(r, "visible_error"), "") << to_string(r);
+  EXPECT_EQ(get(r, "visible_via_memfd"), "1") << to_string(r);
+  EXPECT_EQ(get(r, "visible_path").rfind("/proc/self/fd/", 0), 0u) << to_string(r);
+  EXPECT_NE(get(r, "dlopen"), "0") << "dlopen returned NULL\n" << to_string(r);
+  EXPECT_EQ(get(r, "release"), "ok") << to_string(r);
+  EXPECT_NE(get(r, "fds_before"), "") << to_string(r);
+  EXPECT_EQ(get(r, "fds_after"), get(r, "fds_before")) << "an fd stayed behind in the target\n"
+                                                       << to_string(r);
+  EXPECT_EQ(get(r, "memfd_mapping"), "/memfd:remora:libctr_host.so") << to_string(r);
+  EXPECT_EQ(get(r, "dlsym_value"), "31337") << to_string(r);
+  EXPECT_EQ(get(r, "value"), "31337") << "call_symbol on the memfd-backed library\n" << to_string(r);
+  EXPECT_EQ(get(r, "by_name_value"), "31337") << "call_symbol by the library's file name\n" << to_string(r);
+}
+
+// A target that only chroot(2)s into its root (no pivot_root), as
+// `unshare --root` or a build chroot does. Read from outside, its
+// /proc/PID/maps shows host-side paths (<root>/lib/libctr.so), which do not
+// exist inside /proc/PID/root. Whatever the engine makes of that, it must
+// never call into another file: A's ctr_value (4242) or a refusal.
+TEST_F(ContainerTest, ChrootOnlyTargetIsResolvedOrRefusedNeverWrong) {
+  REQUIRE_OVERLAY();
+  add(REMORA_CTR_LIB_A, kLib);
+  std::string err;
+  target_ = ContainerProcess::start(root_->root(), "/prog", {std::string("dlopen:") + kLib}, &err,
+                                    RootChange::kChroot);
+  ASSERT_TRUE(target_) << err;
+  const pid_t pid = target_->pid();
+  const std::string host_side = root_->merged() + kLib;
+  Report r = run_controller([&](Report& rep) {
+    note_map_files(rep, pid);
+    note_identity(rep, pid, host_side);
+    auto t = open_target(rep, pid);
+    if (!t) return;
+    call_and_note(rep, *t, "libctr.so", "ctr_value");
+    (void)t->close();
+  });
+  expect_unprivileged_fallback(r);
+  ASSERT_NE(get(r, "mapped_id"), "") << "premise: maps shows the host-side path " << host_side << "\n"
+                                     << to_string(r);
+  if (get(r, "value").empty())
+    EXPECT_NE(get(r, "error"), "") << to_string(r);
+  else
+    EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+}  // namespace
+}  // namespace remora::ctr_test

@@ -1,0 +1,84 @@
+// remora_ctr_target: the process that runs inside the container test's root.
+//
+// Arguments are steps, done in order:
+//   dlopen:PATH   dlopen(PATH, RTLD_NOW) and keep the library loaded;
+//   mapdata:PATH  map the file PATH again, read-only, as data, twice: once
+//                 where the kernel chooses (below the libraries) and once just
+//                 above the highest existing mapping of PATH.
+// Then it prints "ready <pid>" (its pid as it sees itself, in its own pid
+// namespace) on stdout and blocks reading stdin; it exits 0 at end of file.
+// A step that fails prints "error <what>" and exits 2.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void fail(const char* what, const char* arg, const char* why) {
+  printf("error %s %s: %s\n", what, arg, why);
+  fflush(stdout);
+  exit(2);
+}
+
+// End of the highest mapping whose path is `path`, from /proc/self/maps.
+static uintptr_t highest_end_of(const char* path) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (f == NULL) fail("open", "/proc/self/maps", strerror(errno));
+  char line[4096];
+  uintptr_t best = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    uintptr_t start = 0, end = 0;
+    int name_at = 0;
+    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %n", &start, &end, &name_at) < 2 ||
+        name_at == 0)
+      continue;
+    char* name = line + name_at;
+    name[strcspn(name, "\n")] = '\0';
+    if (strcmp(name, path) == 0 && end > best) best = end;
+  }
+  fclose(f);
+  return best;
+}
+
+static void map_data(const char* path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("open", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) fail("fstat", path, strerror(errno));
+  size_t len = (size_t)st.st_size;
+  void* low = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (low == MAP_FAILED) fail("mmap", path, strerror(errno));
+  uintptr_t above = highest_end_of(path);
+  if (above == 0) fail("find mapping of", path, "not in /proc/self/maps");
+  long page = sysconf(_SC_PAGESIZE);
+  void* high = mmap((void*)(above + 16 * (uintptr_t)page), len, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (high == MAP_FAILED) fail("mmap", path, strerror(errno));
+  close(fd);
+}
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    if (strncmp(a, "dlopen:", 7) == 0) {
+      if (dlopen(a + 7, RTLD_NOW) == NULL) fail("dlopen", a + 7, dlerror());
+    } else if (strncmp(a, "mapdata:", 8) == 0) {
+      map_data(a + 8);
+    } else {
+      fail("unknown step", a, "see ctr_target.c");
+    }
+  }
+  printf("ready %d\n", (int)getpid());
+  fflush(stdout);
+  char buf[256];
+  for (;;) {
+    ssize_t n = read(0, buf, sizeof buf);
+    if (n == 0) return 0;
+    if (n < 0 && errno != EINTR) return 3;
+  }
+}
