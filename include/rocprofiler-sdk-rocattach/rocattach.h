@@ -1,0 +1,3 @@
+/* Source compatibility with ROCm: programs include
+ * <rocprofiler-sdk-rocattach/rocattach.h>. */
+#include "../rocattach.h"
