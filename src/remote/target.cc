@@ -656,7 +656,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
             if (si.si_signo == SIGSYS)
               std::snprintf(buf, sizeof buf, "the target's seccomp filter refused system call %d (SIGSYS)", si.si_syscall);
             else
-              std::snprintf(buf, sizeof buf, "the called function faulted: %s (signal %d, code %d) at address %s",
+              std::snprintf(buf, sizeof buf, "the called function faulted: SIG%s (signal %d, code %d) at address %s",
                             sigabbrev_np(si.si_signo) ? sigabbrev_np(si.si_signo) : "?", si.si_signo, si.si_code,
                             hex_addr(reinterpret_cast<uint64_t>(si.si_addr)).c_str());
             fault_text = buf;

@@ -1,0 +1,237 @@
+// Remote calls into hostile targets (tests/targets/target_*.cc): each target
+// keeps its threads busy in a way a careless remote call would disturb, and
+// reports what it observed. For each target: snapshot, 1000 calls of
+// remora_probe with varying arguments (each result checked), a few
+// remora_probe_string calls with CallArg::string (the target checks every
+// byte), one call on every thread by tid (so on a thread blocked in each
+// system call), close(); then the target must report no anomaly, the same
+// fds and mappings as at the snapshot, and exactly as many probe calls as
+// succeeded here. The test process's own fd count must not grow either.
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "remote_helpers.h"
+
+namespace remora::test {
+namespace {
+
+using namespace std::chrono_literals;
+using remote::CallArg;
+using remote::CallOptions;
+using remote::Target;
+
+struct Counts {
+  long probes = 0;   // successful remora_probe calls
+  long strings = 0;  // successful remora_probe_string calls
+};
+
+// The standard workload. Fails the test (non-fatally where possible, so one
+// run shows every broken call) and counts what succeeded.
+void exercise(Target& t, const std::map<std::string, pid_t>& tids, Counts* counts, int probe_calls = 1000) {
+  auto fn = t.find_symbol("", "remora_probe");
+  ASSERT_TRUE(fn.ok()) << describe(fn.error());
+  ASSERT_FALSE(fn->null());
+
+  auto t0 = Clock::now();
+  int failures = 0;
+  for (int i = 0; i < probe_calls && failures < 5; ++i) {
+    // Negative, large and small arguments; both registers vary.
+    int64_t a =
+        (i % 3 == 0 ? -1 : 1) * static_cast<int64_t>(i) * 7919 + (i % 7 == 0 ? (int64_t{1} << 40) : 0);
+    int64_t b = static_cast<int64_t>(i) ^ 0x5a5a;
+    auto args = probe_args(a, b);
+    auto r = t.call(*fn, args);
+    if (!r.ok()) {
+      ADD_FAILURE() << "call " << i << " of remora_probe(" << a << ", " << b << "): " << describe(r.error());
+      ++failures;
+      continue;
+    }
+    ++counts->probes;
+    EXPECT_EQ(r->value, probe_expected(a, b)) << "call " << i << " of remora_probe(" << a << ", " << b << ")";
+    EXPECT_NE(r->tid, 0);
+  }
+  auto dt = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  printf("  %d remora_probe calls in %lld ms\n", probe_calls, static_cast<long long>(dt.count()));
+
+  for (size_t n : {size_t{0}, size_t{1}, size_t{26}, size_t{300}, size_t{5000}}) {
+    std::string s = check_string(n);
+    std::vector<CallArg> args{CallArg::string(s)};
+    auto r = t.call_symbol("", "remora_probe_string", args);
+    if (!r.ok()) {
+      ADD_FAILURE() << "remora_probe_string(\"" << s.substr(0, 40) << "...\"): " << describe(r.error());
+      continue;
+    }
+    ++counts->strings;
+    EXPECT_EQ(r->value, s.size()) << "remora_probe_string of a " << s.size() << "-byte string";
+  }
+  {
+    std::vector<CallArg> args{CallArg::string("")};
+    auto r = t.call_symbol("", "remora_probe_string", args);
+    if (r.ok()) {
+      ++counts->strings;
+      EXPECT_EQ(r->value, 0u);
+    } else {
+      ADD_FAILURE() << "remora_probe_string(\"\"): " << describe(r.error());
+    }
+  }
+
+  // One call on every thread, named by tid: each blocked system call, each
+  // spinning loop, the main thread in read(stdin).
+  int k = 0;
+  for (const auto& [role, tid] : tids) {
+    CallOptions opts;
+    opts.tid = tid;
+    auto args = probe_args(1000 + k, k);
+    auto r = t.call(*fn, args, opts);
+    ++k;
+    if (!r.ok()) {
+      ADD_FAILURE() << "remora_probe on thread " << role << " (tid " << tid << "): " << describe(r.error());
+      continue;
+    }
+    ++counts->probes;
+    EXPECT_EQ(r->value, probe_expected(1000 + k - 1, k - 1)) << "on thread " << role;
+    EXPECT_EQ(r->tid, tid) << "the call ran on another thread than the one named (" << role << ")";
+  }
+
+  // The target's own count agrees with ours.
+  auto calls = t.call_symbol("", "remora_probe_calls", {});
+  ASSERT_TRUE(calls.ok()) << describe(calls.error());
+  EXPECT_EQ(static_cast<long>(calls->value), counts->probes) << "remora_probe_calls() in the target";
+
+  // A raw system call, too: getpid as the target sees it.
+  std::array<uint64_t, 0> none{};
+  auto sys = t.syscall(SYS_getpid, none);
+  if (sys.ok()) {
+    EXPECT_EQ(static_cast<pid_t>(sys->value), t.ns_pid());
+  } else {
+    ADD_FAILURE() << "syscall(getpid): " << describe(sys.error());
+  }
+
+  auto closed = t.close();
+  ASSERT_TRUE(closed.ok()) << describe(closed.error());
+  EXPECT_FALSE(t.scratch_address().has_value()) << "scratch mapping still recorded after close()";
+}
+
+void expect_clean(const Report& r, const Counts& c, bool check_maps = true) {
+  EXPECT_EQ(r.anomalies(), 0) << r.raw;
+  EXPECT_EQ(r.fds_delta(), 0) << r.raw;
+  if (check_maps) {
+    EXPECT_EQ(r.maps_delta(), 0) << r.raw;
+  }
+  EXPECT_EQ(r.calls(), c.probes) << r.raw;
+  EXPECT_EQ(r.strings(), c.strings) << r.raw;
+}
+
+class Hostile : public IntegrationTest {
+ protected:
+  // The common flow for targets that need nothing special.
+  void run_plain(const std::string& program) {
+    int own_fds = count_fds(getpid());
+    Counts counts;
+    {
+      TargetProcess target(program);
+      auto tids = target.tids();
+      target.snapshot();
+      {
+        auto t = open_target(target.pid());
+        exercise(*t, tids, &counts);
+      }
+      ASSERT_TRUE(alive(target.pid()));
+      expect_clean(target.report(), counts);
+    }
+    EXPECT_EQ(count_fds(getpid()), own_fds) << "the test process (the controller) leaked fds";
+  }
+};
+
+TEST_F(Hostile, Syscalls) { run_plain("remora_target_syscalls"); }
+TEST_F(Hostile, Spin) { run_plain("remora_target_spin"); }
+TEST_F(Hostile, Threads64) { run_plain("remora_target_threads64"); }
+TEST_F(Hostile, Malloc) { run_plain("remora_target_malloc"); }
+TEST_F(Hostile, Simd) { run_plain("remora_target_simd"); }
+
+// Signals arrive all the time while the calls run: every queued real-time
+// signal must be delivered exactly once, none may be lost or duplicated.
+TEST_F(Hostile, Signals) {
+  Counts counts;
+  TargetProcess target("remora_target_signals");
+  auto tids = target.tids();
+  target.snapshot();
+  long rt_sent = 0, usr1_sent = 0, usr2_sent = 0;
+  long long rt_sum = 0;
+  {
+    SignalStorm storm(target.pid());
+    {
+      auto t = open_target(target.pid());
+      exercise(*t, tids, &counts);
+    }
+    storm.stop();
+    rt_sent = storm.rt_sent();
+    usr1_sent = storm.usr1_sent();
+    usr2_sent = storm.usr2_sent();
+    rt_sum = storm.rt_sum();
+    EXPECT_EQ(storm.errors(), 0) << "kill/sigqueue failed";
+  }
+  printf("  sent usr1=%ld usr2=%ld rt=%ld\n", usr1_sent, usr2_sent, rt_sent);
+  ASSERT_GT(rt_sent, 0);
+  // Queued signals may still be pending: wait for the count to settle.
+  std::map<std::string, long long> got;
+  bool settled = wait_for(
+      [&] {
+        got = parse_fields(target.command("signals"));
+        return got["rt"] >= rt_sent;
+      },
+      after(10s));
+  EXPECT_TRUE(settled) << "real-time signals lost: sent " << rt_sent << ", received " << got["rt"];
+  Report r = target.report();
+  EXPECT_EQ(r.get("rt"), rt_sent) << "queued SIGRTMIN lost or duplicated: " << r.raw;
+  EXPECT_EQ(r.get("rt_sum"), rt_sum) << "SIGRTMIN payloads differ: " << r.raw;
+  EXPECT_EQ(r.get("rt_bad"), 0) << r.raw;
+  // Standard signals merge while pending: at least one must arrive, and
+  // never more than were sent.
+  EXPECT_GE(r.get("usr1"), 1) << r.raw;
+  EXPECT_GE(r.get("usr2"), 1) << r.raw;
+  EXPECT_LE(r.get("usr1"), usr1_sent) << r.raw;
+  EXPECT_LE(r.get("usr2"), usr2_sent) << r.raw;
+  expect_clean(r, counts);
+}
+
+// A stopped process stays stopped: calls run, then every thread is back in
+// State T; after SIGCONT nothing was disturbed.
+TEST_F(Hostile, Stopped) {
+  Counts counts;
+  TargetProcess target("remora_target_stopped");
+  auto tids = target.tids();
+  target.snapshot();
+  pid_t pid = target.pid();
+  auto all_stopped = [&] {
+    auto st = task_states(pid);
+    if (st.size() != tids.size()) return false;
+    for (const auto& [tid, s] : st)
+      if (s != 'T') return false;
+    return true;
+  };
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  ASSERT_TRUE(wait_for(all_stopped, after(5s))) << describe_tasks(pid);
+  {
+    auto t = open_target(pid);
+    exercise(*t, tids, &counts, 300);
+  }
+  // The threads go back to the group stop on release.
+  EXPECT_TRUE(wait_for(all_stopped, after(2s))) << "no longer stopped after the calls:\n"
+                                                << describe_tasks(pid);
+  EXPECT_EQ(status_state(pid).substr(0, 1), "T") << status_state(pid);
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  expect_clean(target.report(), counts);
+}
+
+}  // namespace
+}  // namespace remora::test

@@ -1,0 +1,437 @@
+// Shared runtime of the target programs; see target_common.h.
+#include "target_common.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace remora_target {
+
+std::atomic<bool> g_stop{false};
+
+namespace {
+
+constexpr int kMaxWorkers = 160;
+Worker g_workers[kMaxWorkers];
+std::atomic<int> g_worker_count{0};
+
+std::atomic<long> g_anomalies{0};
+pthread_mutex_t g_detail_mu = PTHREAD_MUTEX_INITIALIZER;
+char g_details[1536];
+size_t g_details_len = 0;
+int g_details_kept = 0;
+
+std::atomic<long> g_probe_calls{0};
+std::atomic<long> g_probe_string_calls{0};
+
+void (*g_count_lock)() = nullptr;
+void (*g_count_unlock)() = nullptr;
+
+bool g_have_avx = false;
+bool g_have_avx512 = false;
+
+long g_fds_at_snapshot = 0;
+long g_maps_at_snapshot = 0;
+
+}  // namespace
+
+extern "C" {
+// Bumped by the x86_64 entry stub of remora_probe when the stack is not
+// aligned as the ABI requires at a call (rsp % 16 == 8 at entry).
+__attribute__((visibility("hidden"), used)) std::atomic<long> remora_misaligned_entries{0};
+}
+
+pid_t gettid_() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+void anomaly(const char* fmt, ...) {
+  g_anomalies.fetch_add(1);
+  // try-lock: a remote call may have interrupted a thread holding the lock;
+  // losing a detail is better than deadlocking the probe.
+  if (pthread_mutex_trylock(&g_detail_mu) != 0) return;
+  if (g_details_kept < 8 && g_details_len + 4 < sizeof(g_details)) {
+    if (g_details_len > 0) {
+      memcpy(g_details + g_details_len, "; ", 2);
+      g_details_len += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(g_details + g_details_len, sizeof(g_details) - g_details_len, fmt, ap);
+    va_end(ap);
+    if (n > 0) g_details_len = std::min(sizeof(g_details) - 1, g_details_len + static_cast<size_t>(n));
+    // Newlines would break the line protocol.
+    for (size_t i = 0; i < g_details_len; ++i)
+      if (g_details[i] == '\n') g_details[i] = ' ';
+    ++g_details_kept;
+  }
+  pthread_mutex_unlock(&g_detail_mu);
+}
+
+long anomaly_count() { return g_anomalies.load(); }
+
+Worker* register_worker(const char* role, bool expect_progress) {
+  int i = g_worker_count.fetch_add(1);
+  if (i >= kMaxWorkers) {
+    fprintf(stderr, "target: too many workers\n");
+    abort();
+  }
+  Worker* w = &g_workers[i];
+  snprintf(w->role, sizeof(w->role), "%s", role);
+  w->expect_progress = expect_progress;
+  return w;
+}
+
+void worker_started(Worker* w) { w->tid.store(gettid_()); }
+
+void wait_workers_started() {
+  int64_t deadline = now_ns() + 10'000'000'000;
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < g_worker_count.load(); ++i)
+      if (g_workers[i].tid.load() == 0) all = false;
+    if (all) return;
+    if (now_ns() > deadline) {
+      fprintf(stderr, "target: workers did not start within 10 s\n");
+      abort();
+    }
+    timespec ts{0, 1'000'000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+void set_count_lock(void (*lock)(), void (*unlock)()) {
+  g_count_lock = lock;
+  g_count_unlock = unlock;
+}
+
+void warm_up_malloc() {
+  // Large enough to create [heap] with brk, small enough to stay below the
+  // mmap threshold.
+  void* volatile p = malloc(64 * 1024);
+  memset(p, 1, 64 * 1024);
+  free(p);
+}
+
+void start_thread(void* (*fn)(void*), void* arg, size_t stack_size) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, stack_size);
+  pthread_t t;
+  int rc = pthread_create(&t, &attr, fn, arg);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    fprintf(stderr, "target: pthread_create: %s\n", strerror(rc));
+    abort();
+  }
+  pthread_detach(t);
+}
+
+void spin_politely() { setpriority(PRIO_PROCESS, static_cast<id_t>(gettid_()), 19); }
+
+bool write_all(int fd, const void* buf, size_t len) {
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+namespace {
+
+// Counting without malloc (opendir would allocate): getdents64 into a stack
+// buffer. Returns -1 on error.
+long count_own_fds() {
+  int dfd = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return -1;
+  long count = 0;
+  alignas(8) char buf[4096];
+  for (;;) {
+    long n = ::syscall(SYS_getdents64, dfd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      // struct linux_dirent64 { u64 d_ino; s64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
+      unsigned short reclen;
+      memcpy(&reclen, buf + off + 16, sizeof(reclen));
+      const char* name = buf + off + 19;
+      if (strcmp(name, ".") != 0 && strcmp(name, "..") != 0) ++count;
+      off += reclen;
+    }
+  }
+  ::close(dfd);
+  return count - 1;  // the directory fd itself
+}
+
+long count_own_maps() {
+  int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  long lines = 0;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i)
+      if (buf[i] == '\n') ++lines;
+  }
+  ::close(fd);
+  return lines;
+}
+
+void counts(long* fds, long* maps) {
+  if (g_count_lock) g_count_lock();
+  *fds = count_own_fds();
+  *maps = count_own_maps();
+  if (g_count_unlock) g_count_unlock();
+}
+
+void reply(const std::string& s) {
+  std::string line = s + "\n";
+  if (!write_all(1, line.data(), line.size())) _exit(3);  // the test went away
+}
+
+// Line reader over fd 0 (raw reads; EINTR retried).
+bool read_line(std::string* line) {
+  static char buf[4096];
+  static size_t len = 0;
+  for (;;) {
+    if (void* nl = memchr(buf, '\n', len)) {
+      size_t n = static_cast<size_t>(static_cast<char*>(nl) - buf);
+      line->assign(buf, n);
+      memmove(buf, buf + n + 1, len - n - 1);
+      len -= n + 1;
+      return true;
+    }
+    if (len == sizeof(buf)) len = 0;  // absurdly long line: drop it
+    ssize_t r = ::read(0, buf + len, sizeof(buf) - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    len += static_cast<size_t>(r);
+  }
+}
+
+std::string report(ExtraReportFn extra) {
+  // Wait until every worker has completed one more iteration: a check that
+  // was in flight when the report was requested (a register loop, a blocked
+  // read about to return EINTR) has then run to its end. Generous deadline:
+  // the spinning workers run at nice 19 and a loaded machine may starve them.
+  uint64_t at_request[kMaxWorkers];
+  for (int i = 0; i < g_worker_count.load(); ++i) at_request[i] = g_workers[i].progress.load();
+  int64_t deadline = now_ns() + 10'000'000'000;
+  for (int i = 0; i < g_worker_count.load(); ++i) {
+    Worker& w = g_workers[i];
+    if (!w.expect_progress) continue;
+    while (w.progress.load() <= at_request[i] && now_ns() < deadline) {
+      timespec ts{0, 1'000'000};
+      nanosleep(&ts, nullptr);
+    }
+    if (w.progress.load() <= at_request[i])
+      anomaly("stalled %s (tid %d): no progress for 10 s", w.role, w.tid.load());
+  }
+  // Extra fields first: producing them may record anomalies.
+  std::string extra_fields = extra ? extra() : std::string();
+  long fds, maps;
+  counts(&fds, &maps);
+  long misaligned = remora_misaligned_entries.load();
+  long anomalies = g_anomalies.load() + misaligned;
+  std::string s = "anomalies=" + std::to_string(anomalies) +
+                  " fds_delta=" + std::to_string(fds - g_fds_at_snapshot) +
+                  " maps_delta=" + std::to_string(maps - g_maps_at_snapshot) +
+                  " calls=" + std::to_string(g_probe_calls.load()) +
+                  " strings=" + std::to_string(g_probe_string_calls.load()) + " fds=" + std::to_string(fds) +
+                  " maps=" + std::to_string(maps);
+  if (!extra_fields.empty()) s += " " + extra_fields;
+  s += " detail:";
+  pthread_mutex_lock(&g_detail_mu);
+  if (g_details_len > 0) s += " " + std::string(g_details, g_details_len);
+  pthread_mutex_unlock(&g_detail_mu);
+  if (misaligned > 0) s += "; stack misaligned at remora_probe entry x" + std::to_string(misaligned);
+  return s;
+}
+
+}  // namespace
+
+int run_protocol(ExtraReportFn extra_report, ExtraCommandFn extra_cmd) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  g_have_avx = __builtin_cpu_supports("avx");
+  g_have_avx512 = __builtin_cpu_supports("avx512f");
+#endif
+  warm_up_malloc();
+  wait_workers_started();
+  reply("ready " + std::to_string(getpid()));
+  std::string cmd;
+  while (read_line(&cmd)) {
+    std::string out;
+    if (cmd == "snapshot") {
+      counts(&g_fds_at_snapshot, &g_maps_at_snapshot);
+      reply("ok");
+    } else if (cmd == "tids") {
+      out = "tids main:" + std::to_string(gettid_());
+      for (int i = 0; i < g_worker_count.load(); ++i)
+        out += " " + std::string(g_workers[i].role) + ":" + std::to_string(g_workers[i].tid.load());
+      reply(out);
+    } else if (cmd == "report") {
+      reply(report(extra_report));
+    } else if (cmd == "quit") {
+      g_stop.store(true);
+      reply("bye");
+      return 0;
+    } else if (extra_cmd && extra_cmd(cmd, &out)) {
+      reply(out);
+    } else {
+      reply("error unknown command: " + cmd);
+    }
+  }
+  return 0;  // stdin closed: the test went away
+}
+
+}  // namespace remora_target
+
+using remora_target::anomaly;
+
+// ---------------------------------------------------------------------------
+// The probes.
+
+namespace {
+
+#if defined(__x86_64__)
+// Trashes every caller-saved vector and x87 register, as any function may.
+void clobber_sse() {
+  asm volatile(
+      "pcmpeqb %%xmm0, %%xmm0\n\tpcmpeqb %%xmm1, %%xmm1\n\tpcmpeqb %%xmm2, %%xmm2\n\t"
+      "pcmpeqb %%xmm3, %%xmm3\n\tpcmpeqb %%xmm4, %%xmm4\n\tpcmpeqb %%xmm5, %%xmm5\n\t"
+      "pcmpeqb %%xmm6, %%xmm6\n\tpcmpeqb %%xmm7, %%xmm7\n\tpcmpeqb %%xmm8, %%xmm8\n\t"
+      "pcmpeqb %%xmm9, %%xmm9\n\tpcmpeqb %%xmm10, %%xmm10\n\tpcmpeqb %%xmm11, %%xmm11\n\t"
+      "pcmpeqb %%xmm12, %%xmm12\n\tpcmpeqb %%xmm13, %%xmm13\n\tpcmpeqb %%xmm14, %%xmm14\n\t"
+      "pcmpeqb %%xmm15, %%xmm15\n\t"
+      // Fill and empty the whole x87 stack: overwrites every physical register.
+      "fldz\n\tfldz\n\tfldz\n\tfldz\n\tfldz\n\tfldz\n\tfldz\n\tfldz\n\t"
+      "fstp %%st(0)\n\tfstp %%st(0)\n\tfstp %%st(0)\n\tfstp %%st(0)\n\t"
+      "fstp %%st(0)\n\tfstp %%st(0)\n\tfstp %%st(0)\n\tfstp %%st(0)\n\t" ::
+          : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+            "xmm12", "xmm13", "xmm14", "xmm15", "st", "st(1)", "st(2)", "st(3)", "st(4)", "st(5)", "st(6)",
+            "st(7)");
+}
+
+__attribute__((target("avx"))) void clobber_avx() {
+  asm volatile(
+      "vpcmpeqb %%xmm0, %%xmm0, %%xmm0\n\t"
+      "vinsertf128 $1, %%xmm0, %%ymm0, %%ymm0\n\t"
+      "vmovaps %%ymm0, %%ymm8\n\tvmovaps %%ymm0, %%ymm9\n\tvmovaps %%ymm0, %%ymm10\n\t"
+      "vmovaps %%ymm0, %%ymm11\n\tvmovaps %%ymm0, %%ymm12\n\tvmovaps %%ymm0, %%ymm13\n\t"
+      "vmovaps %%ymm0, %%ymm14\n\tvmovaps %%ymm0, %%ymm15\n\t"
+      "vzeroupper\n\t" ::
+          : "xmm0", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
+__attribute__((target("avx512f"))) void clobber_avx512() {
+  asm volatile(
+      "vpternlogd $0xff, %%zmm16, %%zmm16, %%zmm16\n\t"
+      "vmovdqa64 %%zmm16, %%zmm17\n\tvmovdqa64 %%zmm16, %%zmm18\n\tvmovdqa64 %%zmm16, %%zmm19\n\t"
+      "vmovdqa64 %%zmm16, %%zmm20\n\tvmovdqa64 %%zmm16, %%zmm21\n\tvmovdqa64 %%zmm16, %%zmm22\n\t"
+      "vmovdqa64 %%zmm16, %%zmm23\n\tvmovdqa64 %%zmm16, %%zmm24\n\tvmovdqa64 %%zmm16, %%zmm25\n\t"
+      "vmovdqa64 %%zmm16, %%zmm26\n\tvmovdqa64 %%zmm16, %%zmm27\n\tvmovdqa64 %%zmm16, %%zmm28\n\t"
+      "vmovdqa64 %%zmm16, %%zmm29\n\tvmovdqa64 %%zmm16, %%zmm30\n\tvmovdqa64 %%zmm16, %%zmm31\n\t"
+      "kxnorw %%k0, %%k0, %%k1\n\tkxnorw %%k0, %%k0, %%k2\n\tkxnorw %%k0, %%k0, %%k3\n\t"
+      "kxnorw %%k0, %%k0, %%k4\n\tkxnorw %%k0, %%k0, %%k5\n\tkxnorw %%k0, %%k0, %%k6\n\t"
+      "kxnorw %%k0, %%k0, %%k7\n\t"
+      "vzeroupper\n\t" ::
+          : "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26",
+            "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
+}
+#endif
+
+void clobber_caller_saved_state() {
+#if defined(__x86_64__)
+  clobber_sse();
+  if (remora_target::g_have_avx) clobber_avx();
+  if (remora_target::g_have_avx512) clobber_avx512();
+#endif
+}
+
+}  // namespace
+
+#if defined(__x86_64__)
+// remora_probe's entry checks the ABI's stack alignment (rsp + 8 is a
+// multiple of 16 right after the call pushed the return address), then tail
+// jumps to the C++ body. Written in assembly because the compiler assumes the
+// alignment and would fold any check away.
+extern "C" __attribute__((visibility("hidden"), used, noinline)) long remora_probe_body(long a, long b);
+asm(R"(
+    .text
+    .globl remora_probe
+    .type remora_probe, @function
+    .p2align 4
+remora_probe:
+    .cfi_startproc
+    leaq 8(%rsp), %rax
+    testb $15, %al
+    jz 1f
+    lock incq remora_misaligned_entries(%rip)
+1:  jmp remora_probe_body
+    .cfi_endproc
+    .size remora_probe, .-remora_probe
+)");
+extern "C" __attribute__((visibility("hidden"), used, noinline)) long remora_probe_body(long a, long b) {
+#else
+REMORA_EXPORT long remora_probe(long a, long b) {
+#endif
+  remora_target::g_probe_calls.fetch_add(1);
+  clobber_caller_saved_state();
+  return a * 31 + b;
+}
+
+// Strings of the form "check:<n>:<payload>" carry their own length and a
+// payload 'a','b',...'z','a',... so the copy into the target is verified
+// byte by byte.
+REMORA_EXPORT long remora_probe_string(const char* s) {
+  remora_target::g_probe_string_calls.fetch_add(1);
+  if (s == nullptr) {
+    anomaly("remora_probe_string got NULL");
+    return -1;
+  }
+  size_t n = strlen(s);
+  if (strncmp(s, "check:", 6) == 0) {
+    char* end = nullptr;
+    unsigned long want = strtoul(s + 6, &end, 10);
+    if (end == nullptr || *end != ':') {
+      anomaly("remora_probe_string: malformed check string");
+    } else {
+      const char* payload = end + 1;
+      size_t got = strlen(payload);
+      if (got != want) anomaly("remora_probe_string: payload length %zu, expected %lu", got, want);
+      for (size_t i = 0; i < got; ++i) {
+        if (payload[i] != static_cast<char>('a' + i % 26)) {
+          anomaly("remora_probe_string: payload byte %zu is 0x%02x", i,
+                  static_cast<unsigned char>(payload[i]));
+          break;
+        }
+      }
+    }
+  }
+  clobber_caller_saved_state();
+  return static_cast<long>(n);
+}
+
+REMORA_EXPORT long remora_probe_calls(void) { return remora_target::g_probe_calls.load(); }
+REMORA_EXPORT long remora_probe_string_calls(void) { return remora_target::g_probe_string_calls.load(); }
