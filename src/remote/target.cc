@@ -574,6 +574,29 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   saved.resume = x::resume_registers(r0, kind, /*use_restart_syscall=*/true);
   saved.swap_mask = orig_nr >= 0 && x::swaps_signal_mask(orig_nr);
 
+  // A thread interrupted a second time in the same sleep is inside
+  // restart_syscall (orig_rax 219), and only the kernel's restart_block
+  // knows the original call. rt_sigreturn resets that block, so the frame
+  // must re-issue the original call itself: recover its number from the
+  // instruction before `syscall` (glibc's wrappers load it with
+  // `mov $NR,%eax` or `mov $NR,%rax`). If that fails, the frame keeps
+  // restart_syscall, which then returns EINTR -- only if we die mid-call.
+  x::Regs frame_regs = r0;
+  if (kind == arch::RestartKind::kRestartBlock && orig_nr == x::nr::kRestartSyscall) {
+    std::array<uint8_t, 9> before{};
+    if (mem.read(r0.rip - 2 - before.size(), std::as_writable_bytes(std::span(before)))) {
+      uint32_t imm = 0;
+      if (before[4] == 0xb8) {
+        std::memcpy(&imm, &before[5], 4);  // b8 imm32: mov $imm,%eax
+        frame_regs.orig_rax = imm;
+      } else if (before[2] == 0x48 && before[3] == 0xc7 && before[4] == 0xc0) {
+        std::memcpy(&imm, &before[5], 4);  // 48 c7 c0 imm32: mov $imm,%rax
+        frame_regs.orig_rax = imm;
+      }
+      if (frame_regs.orig_rax > 1024) frame_regs.orig_rax = r0.orig_rax;  // not a plausible number
+    }
+  }
+
   // Build the frame below the red zone:
   //   [call stack ... | all-ones mask | pretcode | ucontext | ... | fpstate (64-aligned) + magic2]
   const uint64_t top = (r0.rsp - x::kRedZone) & ~uint64_t{63};
@@ -600,7 +623,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     ucx.uc_stack.ss_flags = x::kSsFlagsInvalid;
     // The self-restoring path re-issues an interrupted restart_block call
     // (rt_sigreturn resets restart_block), so its frame uses the original call.
-    ucx.uc_mcontext = x::sigcontext_from(x::resume_registers(r0, kind, /*use_restart_syscall=*/false), fp);
+    ucx.uc_mcontext = x::sigcontext_from(x::resume_registers(frame_regs, kind, /*use_restart_syscall=*/false), fp);
     ucx.uc_sigmask = saved.sigmask;
     put(uc, &ucx, sizeof ucx);
     x::prepare_fpstate(std::span(frame.data() + (fp - all_mask_at), saved.xstate.size() + 4), saved.xstate);

@@ -1,0 +1,143 @@
+// More than one controller process: a detach made by another process than
+// the one that attached, and the lease (a controller that dies attached
+// makes the agent detach the tools).
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "attach_helpers.h"
+
+namespace remora::test {
+namespace {
+
+class Controllers : public IntegrationTest {
+ protected:
+  HookLog log_;
+};
+
+// Attached here, detached from a forked process with its own Controller.
+TEST_F(Controllers, DetachFromAnotherProcess) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  Controller c;
+  auto opts = options_for(log_);
+  auto r = c.attach(pid, opts);
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+
+  ForkedHelper helper([pid](int fd) {
+    Controller other;
+    auto d = other.detach(pid);
+    ForkedHelper::say(fd, d.ok() ? "detached" : "error " + describe(d.error()));
+    return d.ok() ? 0 : 1;
+  });
+  EXPECT_EQ(helper.wait_line(after(15s)), "detached");
+  auto st = helper.wait_exit(after(10s));
+  ASSERT_TRUE(st.has_value()) << "the helper did not exit";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << "wait status 0x" << std::hex << *st;
+
+  auto det = log_.find("a:tool_detach", pid);
+  ASSERT_EQ(det.size(), 1u) << log_.dump();
+  EXPECT_EQ(det[0].session, 1u);
+  auto ast = status_or_throw(pid);
+  EXPECT_FALSE(ast.attached);
+  EXPECT_EQ(ast.detaches, 1u);
+
+  // Our controller learns the truth from the agent: nothing left to detach,
+  // and a re-attach works.
+  auto again = c.detach(pid);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), Errc::kNotAttached) << describe(again.error());
+  auto re = c.attach(pid, opts);
+  ASSERT_TRUE(re.ok()) << describe(re.error());
+  EXPECT_EQ(log_.find("a:tool_attach", pid).size(), 2u) << log_.dump();
+  Report rep = target.report();
+  EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
+}
+
+// A forked controller attaches with a lease, says so, and is SIGKILLed: the
+// agent notices (EOF on the lease pipe) and detaches the tool by itself.
+TEST_F(Controllers, LeaseDetachesWhenTheControllerDies) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  auto opts = options_for(log_);
+  opts.lease = true;
+
+  ForkedHelper helper([pid, &opts](int fd) {
+    Controller leased;
+    auto r = leased.attach(pid, opts);
+    ForkedHelper::say(fd, r.ok() ? "attached" : "error " + describe(r.error()));
+    if (!r.ok()) return 1;
+    for (;;) ::pause();  // until the test kills us
+  });
+  ASSERT_EQ(helper.wait_line(after(15s)), "attached");
+
+  auto st = status_or_throw(pid);
+  EXPECT_TRUE(st.attached);
+  EXPECT_EQ(st.lease_pid, helper.pid());
+  EXPECT_FALSE(st.lease_expired);
+  EXPECT_EQ(log_.find("a:tool_detach").size(), 0u) << log_.dump();
+
+  ASSERT_EQ(::kill(helper.pid(), SIGKILL), 0);
+  auto ws = helper.wait_exit(after(10s));
+  ASSERT_TRUE(ws.has_value());
+  EXPECT_TRUE(WIFSIGNALED(*ws) && WTERMSIG(*ws) == SIGKILL) << "wait status 0x" << std::hex << *ws;
+
+  ASSERT_TRUE(log_.wait_count("a:tool_detach", 1, pid, after(10s)))
+      << "the lease did not detach the tool within 10 s\n"
+      << log_.dump();
+  auto det = log_.find("a:tool_detach", pid);
+  EXPECT_EQ(det.size(), 1u) << log_.dump();
+  EXPECT_EQ(det[0].session, 1u);
+  EXPECT_TRUE(wait_for([&] { return status_or_throw(pid).lease_expired; }, after(5s)));
+  st = status_or_throw(pid);
+  EXPECT_TRUE(st.lease_expired);
+  EXPECT_FALSE(st.attached);
+  EXPECT_EQ(st.detaches, 1u);
+
+  // The process is fine and can be attached again by a new controller.
+  Controller c;
+  opts.lease = false;
+  auto re = c.attach(pid, opts);
+  ASSERT_TRUE(re.ok()) << describe(re.error());
+  EXPECT_EQ(log_.find("a:tool_attach", pid).size(), 2u) << log_.dump();
+  Report rep = target.report();
+  EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
+}
+
+// A leased controller that detaches normally disarms the lease: its later
+// death detaches nothing (the tool is attached again by then, by another
+// controller without a lease).
+TEST_F(Controllers, LeaseIsDisarmedByANormalDetach) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  auto opts = options_for(log_);
+  opts.lease = true;
+  ForkedHelper helper([pid, &opts](int fd) {
+    Controller leased;
+    auto r = leased.attach(pid, opts);
+    if (!r.ok()) {
+      ForkedHelper::say(fd, "error " + describe(r.error()));
+      return 1;
+    }
+    auto d = leased.detach(pid);
+    ForkedHelper::say(fd, d.ok() ? "detached" : "error " + describe(d.error()));
+    for (;;) ::pause();
+  });
+  ASSERT_EQ(helper.wait_line(after(15s)), "detached");
+  Controller c;
+  opts.lease = false;
+  auto re = c.attach(pid, opts);
+  ASSERT_TRUE(re.ok()) << describe(re.error());
+
+  ASSERT_EQ(::kill(helper.pid(), SIGKILL), 0);
+  ASSERT_TRUE(helper.wait_exit(after(10s)).has_value());
+  // Give a wrongly armed lease the chance to fire: the agent's watcher polls
+  // the pipe, so it would react within milliseconds. Then check.
+  bool fired = log_.wait_count("a:tool_detach", 2, pid, after(500ms));
+  EXPECT_FALSE(fired) << log_.dump();
+  auto st = status_or_throw(pid);
+  EXPECT_TRUE(st.attached);
+  EXPECT_FALSE(st.lease_expired);
+}
+
+}  // namespace
+}  // namespace remora::test

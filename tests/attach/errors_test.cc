@@ -1,0 +1,216 @@
+// Attach errors: each with its code and a message that says what is wrong,
+// and the target left as it was.
+#include <sys/wait.h>
+
+#include <map>
+
+#include "attach_helpers.h"
+
+namespace remora::test {
+namespace {
+
+class AttachErrors : public IntegrationTest {
+ protected:
+  HookLog log_;
+};
+
+// A target started with REMORA_TOOL_ATTACH=0 in its environment (through
+// env(1), which execs the target in place: same pid).
+TEST_F(AttachErrors, RefusedByTheTargetsEnvironment) {
+  auto proc = Spawned::start({"/usr/bin/env", "REMORA_TOOL_ATTACH=0", bin_path("remora_attach_target")});
+  ASSERT_EQ(proc->wait_line(after(10s), "ready"), "ready " + std::to_string(proc->pid()));
+  const pid_t pid = proc->pid();
+  Controller c;
+  auto r = c.attach(pid, options_for(log_));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kRefused) << describe(r.error());
+  EXPECT_TRUE(contains_icase(r.error().to_string(), "REMORA_TOOL_ATTACH=0")) << describe(r.error());
+  EXPECT_FALSE(agent_mapped(pid)) << "the agent was loaded into a process that refuses tools";
+  EXPECT_TRUE(log_.lines().empty()) << log_.dump();
+  proc->send("quit");
+}
+
+// ROCP_TOOL_ATTACH=0 is honoured the same way.
+TEST_F(AttachErrors, RefusedByRocpToolAttach) {
+  auto proc = Spawned::start({"/usr/bin/env", "ROCP_TOOL_ATTACH=0", bin_path("remora_attach_target")});
+  ASSERT_EQ(proc->wait_line(after(10s), "ready"), "ready " + std::to_string(proc->pid()));
+  Controller c;
+  auto r = c.attach(proc->pid(), options_for(log_));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kRefused) << describe(r.error());
+  EXPECT_FALSE(agent_mapped(proc->pid()));
+  proc->send("quit");
+}
+
+// Set with setenv() after start-up, the refusal is invisible in
+// /proc/PID/environ: the agent (loaded for the purpose) refuses instead.
+TEST_F(AttachErrors, RefusedByTheAgentAfterSetenv) {
+  TargetProcess target("remora_attach_target");
+  ASSERT_EQ(target.command("setenv REMORA_TOOL_ATTACH 0"), "ok");
+  Controller c;
+  auto r = c.attach(target.pid(), options_for(log_));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kRefused) << describe(r.error());
+  EXPECT_TRUE(log_.lines().empty()) << log_.dump();
+  EXPECT_FALSE(status_or_throw(target.pid()).attached);
+}
+
+// A tool without remora_configure_attach: kNotAttachable, naming the
+// missing export; nothing of the list is loaded or called.
+TEST_F(AttachErrors, ToolWithoutConfigureAttachIsNotAttachable) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  Controller c;
+  auto r = c.attach(pid, options_for(log_, {kToolNoAttach}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kNotAttachable) << describe(r.error());
+  EXPECT_TRUE(contains_icase(r.error().to_string(), "remora_configure_attach")) << describe(r.error());
+  EXPECT_TRUE(log_.lines().empty()) << log_.dump();
+  auto st = status_or_throw(pid);
+  EXPECT_FALSE(st.attached);
+  EXPECT_EQ(st.tools, "");
+
+  // In a list with an attachable tool first: the whole list is refused and
+  // the first tool, already initialised, is finalised again.
+  r = c.attach(pid, options_for(log_, {kToolA, kToolNoAttach}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kNotAttachable) << describe(r.error());
+  EXPECT_EQ(log_.find("a:tool_attach").size(), 0u) << log_.dump();
+  EXPECT_EQ(log_.find("a:tool_init").size(), log_.find("a:tool_fini").size()) << log_.dump();
+  EXPECT_EQ(status_or_throw(pid).tools, "");
+
+  // The process is still attachable with a proper tool.
+  auto good = c.attach(pid, options_for(log_));
+  ASSERT_TRUE(good.ok()) << describe(good.error());
+}
+
+// A re-attach naming another tool list is refused with the list that is
+// loaded; an attach while attached is kAlreadyAttached.
+TEST_F(AttachErrors, ReattachWithAnotherToolList) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  Controller c;
+  auto r = c.attach(pid, options_for(log_));
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+
+  auto twice = c.attach(pid, options_for(log_));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().code(), Errc::kAlreadyAttached) << describe(twice.error());
+
+  auto d = c.detach(pid);
+  ASSERT_TRUE(d.ok()) << describe(d.error());
+  for (const auto& tools : {std::vector<std::string>{kToolB}, std::vector<std::string>{kToolA, kToolB},
+                            std::vector<std::string>{kToolB, kToolA}}) {
+    auto other = c.attach(pid, options_for(log_, tools));
+    ASSERT_FALSE(other.ok());
+    EXPECT_EQ(other.error().code(), Errc::kInvalidArgument) << describe(other.error());
+    EXPECT_TRUE(contains_icase(other.error().to_string(), real(kToolA)))
+        << "does not say what is loaded: " << describe(other.error());
+  }
+  EXPECT_EQ(log_.find("b:configure").size(), 0u) << log_.dump();
+  auto st = status_or_throw(pid);
+  EXPECT_FALSE(st.attached);
+  EXPECT_EQ(st.tools, real(kToolA));
+  EXPECT_EQ(st.sessions, 1u);
+  // The right list still works.
+  auto ok = c.attach(pid, options_for(log_));
+  ASSERT_TRUE(ok.ok()) << describe(ok.error());
+}
+
+// Detach without attach: with no agent in the process, and with the agent
+// in but the tools detached.
+TEST_F(AttachErrors, DetachWithoutAttach) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  Controller c;
+  auto d = c.detach(pid);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().code(), Errc::kNotAttached) << describe(d.error());
+  EXPECT_FALSE(agent_mapped(pid)) << "a detach loaded the agent";
+
+  auto r = c.attach(pid, options_for(log_));
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+  ASSERT_TRUE(c.detach(pid).ok());
+  d = c.detach(pid);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().code(), Errc::kNotAttached) << describe(d.error());
+  EXPECT_EQ(log_.find("a:tool_detach").size(), 1u) << log_.dump();
+}
+
+// A pid with no process (a child we reaped).
+TEST_F(AttachErrors, MissingProcess) {
+  pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  int st;
+  ASSERT_EQ(waitpid(gone, &st, 0), gone);
+  Controller c;
+  auto r = c.attach(gone, options_for(log_));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kNoSuchProcess) << describe(r.error());
+  auto d = c.detach(gone);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().code(), Errc::kNoSuchProcess) << describe(d.error());
+  auto s = Controller::status(gone);
+  EXPECT_FALSE(s.ok());
+  auto tree = c.attach_tree(gone, options_for(log_));
+  ASSERT_FALSE(tree.ok());
+  EXPECT_EQ(tree.error().code(), Errc::kNoSuchProcess) << describe(tree.error());
+}
+
+// The target exits in the middle of the attach (its thread polls its maps
+// and exits as soon as the agent is mapped): the error says so. Repeated,
+// because the attach can be at several steps when the process goes.
+TEST_F(AttachErrors, TargetExitingDuringAttach) {
+  std::map<std::string, int> seen;
+  for (int round = 0; round < 5; ++round) {
+    TargetProcess target("remora_attach_target", {"exiter"});
+    const pid_t pid = target.pid();
+    Controller c;
+    auto r = c.attach(pid, options_for(log_));
+    ASSERT_FALSE(r.ok()) << "round " << round << ": the attach succeeded although the target exited";
+    seen[std::string(errc_name(r.error().code()))]++;
+    EXPECT_TRUE(r.error().code() == Errc::kTargetExited || r.error().code() == Errc::kNoSuchProcess ||
+                r.error().code() == Errc::kZombie)
+        << "round " << round << ": a target that exited is reported as " << describe(r.error());
+    ASSERT_TRUE(target.process().wait_exit(after(10s)).has_value()) << "round " << round;
+  }
+  for (const auto& [code, n] : seen) printf("  %s x%d\n", code.c_str(), n);
+}
+
+// Tool and agent paths that do not exist.
+TEST_F(AttachErrors, MissingToolOrAgentLibrary) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  Controller c;
+  const std::string missing = "/nonexistent/libremora-no-such-tool.so";
+  auto r = c.attach(pid, options_for(log_, {missing}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kInvalidArgument) << describe(r.error());
+  EXPECT_TRUE(contains_icase(r.error().to_string(), missing)) << describe(r.error());
+  EXPECT_FALSE(status_or_throw(pid).attached);
+
+  // Also when it follows a good tool: nothing gets loaded.
+  r = c.attach(pid, options_for(log_, {kToolA, missing}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains_icase(r.error().to_string(), missing)) << describe(r.error());
+  EXPECT_TRUE(log_.lines().empty()) << log_.dump();
+
+  auto opts = options_for(log_);
+  opts.tools.clear();
+  r = c.attach(pid, opts);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kInvalidArgument) << describe(r.error());
+
+  TargetProcess fresh("remora_attach_target");
+  opts = options_for(log_);
+  opts.agent_path = "/nonexistent/libremora-agent.so";
+  r = c.attach(fresh.pid(), opts);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kInvalidArgument) << describe(r.error());
+  EXPECT_TRUE(contains_icase(r.error().to_string(), opts.agent_path)) << describe(r.error());
+  EXPECT_FALSE(agent_mapped(fresh.pid()));
+}
+
+}  // namespace
+}  // namespace remora::test
