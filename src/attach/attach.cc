@@ -17,6 +17,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -35,6 +37,7 @@
 #include "base/log.h"
 #include "base/strings.h"
 #include "procfs/procfs.h"
+#include "ptrace/ptrace.h"
 #include "remote/lookup.h"
 #include "remote/memory.h"
 #include "remote/target.h"
@@ -70,7 +73,12 @@ void pause_briefly(long ns) {
   nanosleep(&ts, nullptr);
 }
 
-bool pidfd_alive(int pidfd) { return ::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) == 0; }
+// A pidfd polls readable once the process has exited, zombie or not
+// (pidfd_send_signal(0) still succeeds on a zombie).
+bool pidfd_alive(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
 
 std::string dir_of(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -226,10 +234,50 @@ Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
   return info;
 }
 
+// True when the process is in a job-control stop (every thread 'T' and not
+// because a tracer holds it).
+bool process_is_stopped(pid_t pid) {
+  auto st = procfs::read_status(pid);
+  return st && st->state == 'T' && st->tracer_pid == 0;
+}
+
+// Finds the thread that appeared since `before`, seizes it and lets it run
+// (resuming it from every group stop) until it exits. Used when the process
+// is stopped, so that the loader thread alone runs.
+Result<pid_t> drive_new_thread(pid_t pid, const std::vector<pid_t>& before, const Deadline& deadline) {
+  pid_t tid = 0;
+  while (tid == 0) {
+    auto now = REMORA_TRY(procfs::list_tasks(pid));
+    for (pid_t t : now)
+      if (std::find(before.begin(), before.end(), t) == before.end()) tid = t;
+    if (tid != 0) break;
+    if (deadline.expired()) return Error(Errc::kTimedOut, "the loader thread did not appear");
+    pause_briefly(20'000);
+  }
+  REMORA_TRY(ptrace::seize(pid, tid, 0));
+  (void)ptrace::interrupt(tid);
+  for (;;) {
+    auto s = ptrace::wait_stop(tid, deadline);
+    if (!s) {
+      (void)ptrace::detach(tid, 0);
+      return std::move(s).error();
+    }
+    if (s->kind == ptrace::Stop::Kind::kExited || s->kind == ptrace::Stop::Kind::kKilled) return tid;
+    int sig = s->kind == ptrace::Stop::Kind::kSignalDelivery ? s->sig : 0;
+    if (auto r = ptrace::cont(tid, sig); !r) {
+      if (r.error().code() == Errc::kTargetExited) return tid;
+      return std::move(r).error();
+    }
+  }
+}
+
 // Loads the agent on a fresh thread (see the file comment).
-Result<void> load_agent(remote::Target& t, const std::string& agent_path, const Deadline& deadline) {
+// Returns, for a stopped process, the tid of the agent's listener (it was
+// created stopped and could not publish its tid); 0 otherwise.
+Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const Deadline& deadline) {
   auto vf = REMORA_TRY_CTX(remote::make_visible(t, agent_path), "make the agent visible to the target");
   auto cleanup = [&]() { (void)remote::release(t, vf); };
+  pid_t listener = 0;
   auto run = [&]() -> Result<void> {
     x::LoaderBlock block{};
     auto dlopen_fn = t.find_symbol("libc.so.6", "dlopen");
@@ -251,26 +299,46 @@ Result<void> load_agent(remote::Target& t, const std::string& agent_path, const 
     REMORA_TRY(t.write(RemoteAddr(path_at), std::as_bytes(std::span(vf.path.c_str(), path_len))));
     REMORA_TRY(t.write(RemoteAddr(block_at), std::as_bytes(std::span(&block, 1))));
     auto tramp = REMORA_TRY(t.thread_trampoline());
+    // A stopped process (SIGSTOP) stops the new thread too: it would never
+    // run. Then Remora drives that one thread itself under ptrace, leaving
+    // every other thread stopped, and releases it only once it has exited.
+    const bool stopped = process_is_stopped(t.pid());
+    auto before = stopped ? procfs::list_tasks(t.pid()) : Result<std::vector<pid_t>>(std::vector<pid_t>{});
     CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
                       CallArg::integer(block_at)};
     auto created = REMORA_TRY_CTX(t.call_symbol("libc.so.6", "pthread_create", args), "start the loader thread");
     if (created.value != 0)
       return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
+    pid_t loader = 0;
+    if (stopped && before) loader = REMORA_TRY_CTX(drive_new_thread(t.pid(), *before, deadline), "run the loader thread");
     // Wait for the trampoline to finish (its last store), then for its thread
     // to leave the scratch code for good.
     long nap = 20'000;
     for (;;) {
-      auto b = REMORA_TRY(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))).ok()
-                              ? Result<bool>(true) : Result<bool>(Error(Errc::kIo, "read loader block")));
-      (void)b;
+      REMORA_TRY_CTX(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))), "read the loader block");
       if (block.done == 1) break;
-      if (deadline.expired())
-        return Error(Errc::kTimedOut, "the agent did not finish loading in time (its constructor may be blocked)");
+      if (deadline.expired()) {
+        t.abandon_scratch();  // the loader thread may still run there
+        return Error(Errc::kTimedOut, "the agent did not finish loading in time (a constructor in the target may be "
+                                      "blocked); the loader thread was left running");
+      }
       pause_briefly(nap);
       nap = std::min<long>(nap * 2, 1'000'000);
     }
     std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(block.tid);
-    while (block.tid != 0 && ::access(task.c_str(), F_OK) == 0 && !deadline.expired()) pause_briefly(20'000);
+    while (block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
+      if (deadline.expired()) {
+        t.abandon_scratch();
+        return Error(Errc::kTimedOut, "the agent's loader thread did not exit in time");
+      }
+      pause_briefly(20'000);
+    }
+    if (stopped && before) {
+      // The thread that appeared besides the loader is the agent's listener.
+      auto now = REMORA_TRY(procfs::list_tasks(t.pid()));
+      for (pid_t tid : now)
+        if (tid != loader && std::find(before->begin(), before->end(), tid) == before->end()) listener = tid;
+    }
     if (block.handle == 0) {
       char msg[512] = "";
       if (block.error) (void)t.read(RemoteAddr(block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
@@ -281,7 +349,8 @@ Result<void> load_agent(remote::Target& t, const std::string& agent_path, const 
   };
   auto r = run();
   cleanup();
-  return r;
+  if (!r) return std::move(r).error();
+  return listener;
 }
 
 }  // namespace
@@ -293,6 +362,19 @@ Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) 
 }
 
 Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const AttachOptions& opts) {
+  auto r = attach_steps(pid, pidfd, opts);
+  // Whatever step failed, a process that is gone is reported as such: the
+  // failing step (a read, a lookup) is only the symptom.
+  // (A process in the middle of exiting fails reads before its pidfd turns
+  // readable: give it a moment.)
+  pollfd exited{pidfd, POLLIN, 0};
+  if (!r && pidfd >= 0 && r.error().code() != Errc::kNoSuchProcess && ::poll(&exited, 1, 200) == 1)
+    return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " exited during the attach (" +
+                                          r.error().to_string() + ")");
+  return r;
+}
+
+Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const AttachOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string ctx = "attach to process " + std::to_string(pid);
   if (opts.tools.empty()) return Error(Errc::kInvalidArgument, "no tool library given to attach");
@@ -306,9 +388,10 @@ Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const Attach
   out.pid = pid;
 
   bool loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
+  pid_t known_listener = 0;
   if (!loaded) {
     auto agent = REMORA_TRY_CTX(find_agent_library(opts.agent_path), ctx);
-    REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
+    known_listener = REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
     loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
     if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
     out.agent_loaded_now = true;
@@ -317,8 +400,19 @@ Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const Attach
   remora_agent_info info{};
   for (long nap = 20'000;; nap = std::min<long>(nap * 2, 1'000'000)) {
     info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
+      // Stopped process: the listener has not run yet to publish its tid.
+      // Publish it for it, so that later sessions find it too.
+      info.listener_tid = known_listener;
+      int32_t tid = known_listener;
+      (void)t.write(RemoteAddr(s->info + offsetof(remora_agent_info, listener_tid)),
+                    std::as_bytes(std::span(&tid, 1)));
+    }
     if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid != 0) break;
-    if (deadline.expired()) return Error(Errc::kTimedOut, "the agent's listener thread did not start").with_context(ctx);
+    if (deadline.expired()) {
+      std::string why = process_is_stopped(pid) ? " (the process is stopped: send it SIGCONT and retry)" : "";
+      return Error(Errc::kTimedOut, "the agent's listener thread did not start" + why).with_context(ctx);
+    }
     pause_briefly(nap);
   }
   s->listener = info.listener_tid;

@@ -76,8 +76,9 @@ class Controller {
   // Snapshots the tree under `root` breadth-first (through
   // /proc/PID/task/*/children), holds a pidfd for each process, and attaches
   // each one, using both cores. A failure on one process is reported in its
-  // outcome and the others continue; the Result is the last error seen, or
-  // the list of outcomes.
+  // outcome (ok == false, code, message) and the others continue; the Result
+  // fails only when the tree cannot be read at all. (The C and rocattach
+  // APIs turn the outcomes into "the last error seen".)
   Result<std::vector<ProcessOutcome>> attach_tree(pid_t root, const AttachOptions& opts);
   // Detaches what attach_tree(root) attached.
   Result<std::vector<ProcessOutcome>> detach_tree(pid_t root,
@@ -95,6 +96,7 @@ class Controller {
   struct Session;
   Result<std::shared_ptr<Session>> session_for(pid_t pid, bool create);
   Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
+  Result<ProcessOutcome> attach_steps(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<void> detach_one(pid_t pid, std::chrono::milliseconds timeout);
 
   mutable std::mutex mu_;

@@ -215,8 +215,25 @@ Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
   const auto start = Clock::now();
   long sleep_ns = 20'000;
   for (;;) {
+    // Peek first (WNOWAIT): the exit of a thread-group leader that is our own
+    // child must stay for our caller's waitpid() to reap: the tracer is not
+    // the only one waiting for it.
+    siginfo_t si{};
+    si.si_pid = 0;
+    int peek = ::waitid(P_PID, static_cast<id_t>(tid), &si, WEXITED | WSTOPPED | __WALL | WNOHANG | WNOWAIT);
+    if (peek == 0 && si.si_pid == tid &&
+        (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)) {
+      auto st = procfs::read_status(tid);
+      if (st && st->tgid == tid && st->ppid == getpid()) {
+        Stop s{si.si_code == CLD_EXITED ? Stop::Kind::kExited : Stop::Kind::kKilled};
+        if (si.si_code == CLD_EXITED) s.exit_status = si.si_status;
+        else s.sig = si.si_status;
+        REMORA_LOG(kPtrace, "wait tid=%d -> %s (left for its parent to reap)", tid, stop_kind_name(s.kind));
+        return s;
+      }
+    }
     int status = 0;
-    pid_t rc = ::wait4(tid, &status, __WALL | WNOHANG, nullptr);
+    pid_t rc = peek == 0 && si.si_pid == 0 ? 0 : ::wait4(tid, &status, __WALL | WNOHANG, nullptr);
     if (rc == tid) {
       Stop s = decode(status);
       REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d status=%#x", tid, stop_kind_name(s.kind), s.sig,

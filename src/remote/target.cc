@@ -228,6 +228,12 @@ Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data
   return ok();
 }
 
+void Target::abandon_scratch() {
+  std::lock_guard lock(impl_->mu);
+  impl_->scratch.reset();
+  impl_->session_used = 0;
+}
+
 void Target::set_use_map_files(bool use) {
   std::lock_guard lock(impl_->mu);
   impl_->lookup.use_map_files = use;

@@ -133,6 +133,11 @@ class Target {
   // hold exactly arch::x86_64::stub_code(). close() then leaves them alone.
   Result<void> adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size);
 
+  // Forgets the scratch mapping without removing it: for when a thread of
+  // the target may still execute in it (a loader thread that never came
+  // back). Leaking 64 KiB is better than unmapping code under a thread.
+  void abandon_scratch();
+
   // Internal: skip /proc/PID/map_files when opening mapped files, so tests can
   // exercise the fallback through the target's root (/proc/PID/root). Also
   // forgets the symbols resolved so far in this session.

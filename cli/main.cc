@@ -1,0 +1,61 @@
+// The remora command: parses the command line, runs the chosen subcommand and
+// maps its outcome to an exit code (exit_codes.h). Parsing errors exit 1.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+
+#ifndef REMORA_VERSION
+#define REMORA_VERSION "unknown"
+#endif
+
+namespace remora::cli {
+
+void print_error(const std::string& message) {
+  std::fflush(stdout);  // keep stdout and stderr in order when both go to one file
+  std::fprintf(stderr, "remora: error: %s\n", message.c_str());
+}
+
+}  // namespace remora::cli
+
+int main(int argc, char** argv) {
+  using namespace remora::cli;
+  CLI::App app{
+      "Remora: make running processes call functions, and (soon) attach tools to them.\n"
+      "Docs: docs/cli.md",
+      "remora"};
+  app.set_version_flag("--version", REMORA_VERSION);
+  app.require_subcommand(1);
+  // Keep words the root does not parse, in order: after "--" CLI11 returns
+  // them to the root, and a subcommand takes them from there (call_command.cc).
+  app.prefix_command();
+  app.footer(exit_code_footer());
+
+  Dispatch dispatch;
+  add_call_command(app, dispatch);
+
+  // CLI11 reports through exceptions; they stop here. The library under us
+  // never throws (style.md, "Errors").
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --help-all, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    auto stray = app.remaining();
+    if (app.get_subcommands().empty() && !stray.empty()) {
+      print_error("unknown command '" + stray.front() + "'");
+    } else {
+      print_error(e.what());
+    }
+    std::fprintf(stderr, "Run 'remora --help' or 'remora <command> --help' for usage.\n");
+    return to_int(ExitCode::kUsage);
+  }
+  if (!dispatch.run) {  // require_subcommand(1) makes this unreachable; stay safe anyway
+    print_error("no command given");
+    return to_int(ExitCode::kUsage);
+  }
+  return dispatch.run();
+}
