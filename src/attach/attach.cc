@@ -143,12 +143,16 @@ Result<std::string> find_agent_library(const std::string& explicit_path) {
     tried.push_back(p);
     return is_file(p);
   };
+  auto absolute = [](const std::string& p) {
+    char real[PATH_MAX];
+    return std::string(::realpath(p.c_str(), real) ? real : p.c_str());
+  };
   if (!explicit_path.empty()) {
-    if (consider(explicit_path)) return explicit_path;
+    if (consider(explicit_path)) return absolute(explicit_path);
     return Error(Errc::kInvalidArgument, "agent library " + explicit_path + " not found or not readable");
   }
   if (const char* env = std::getenv("REMORA_AGENT_PATH"); env && *env) {
-    if (consider(env)) return std::string(env);
+    if (consider(env)) return absolute(env);
   }
   std::vector<std::string> dirs;
   Dl_info info{};
@@ -306,7 +310,9 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     auto before = stopped ? procfs::list_tasks(t.pid()) : Result<std::vector<pid_t>>(std::vector<pid_t>{});
     CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
                       CallArg::integer(block_at)};
+    REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
     auto created = REMORA_TRY_CTX(t.call_symbol("libc.so.6", "pthread_create", args), "start the loader thread");
+    REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
     if (created.value != 0)
       return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
     pid_t loader = 0;
@@ -325,6 +331,7 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
       pause_briefly(nap);
       nap = std::min<long>(nap * 2, 1'000'000);
     }
+    REMORA_LOG(kAttach, "pid %d: agent dlopen returned", t.pid());
     std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(block.tid);
     while (block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
       if (deadline.expired()) {
@@ -387,11 +394,14 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   ProcessOutcome out;
   out.pid = pid;
 
+  REMORA_LOG(kAttach, "pid %d: session ready", pid);
   bool loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
+  REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
   pid_t known_listener = 0;
   if (!loaded) {
     auto agent = REMORA_TRY_CTX(find_agent_library(opts.agent_path), ctx);
     known_listener = REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
+    REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
     loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
     if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
     out.agent_loaded_now = true;
@@ -416,6 +426,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     pause_briefly(nap);
   }
   s->listener = info.listener_tid;
+  REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   CallOptions on_listener{s->listener, opts.timeout};
 
   // Tool list: "display|loadpath" entries for a first attach; the display
@@ -443,6 +454,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
       visible.push_back(std::move(*vf));
     }
   }
+  REMORA_LOG(kAttach, "pid %d: tools visible", pid);
   auto env = encode_env(opts.env);
   CallArg args[] = {CallArg::buffer(env), CallArg::string(list)};
   auto rc = t.call(RemoteAddr(s->attach_fn), args, on_listener);
@@ -455,6 +467,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     return Error(errc_for_agent(code), info.message).with_context(ctx);
   }
   s->attached_by_us = true;
+  REMORA_LOG(kAttach, "pid %d: attached", pid);
 
   if (opts.lease) {
     // A pipe made by the target, whose write end we reopen through

@@ -422,6 +422,16 @@ Result<Gadgets> Target::Impl::find_gadgets() {
     return Error(Errc::kNotSupported, "process " + std::to_string(pid) +
                                           " has no glibc (libc.so.6) mapped; remote calls need it for now");
   auto loaded = REMORA_TRY(load_image(pid, *libc, mem, lookup));
+  // The gadgets' offsets in one libc build are the same in every process
+  // that maps it: remember them per image, keyed like the image cache.
+  static std::mutex cache_mu;
+  static std::map<std::string, std::pair<uint64_t, uint64_t>> cache;  // build id -> offsets from bias
+  const std::string build_id = loaded.image->build_id_hex();
+  if (!build_id.empty()) {
+    std::lock_guard g(cache_mu);
+    if (auto it = cache.find(build_id); it != cache.end())
+      return Gadgets{loaded.bias + it->second.first, loaded.bias + it->second.second};
+  }
   auto sym = loaded.image->find_symbol("syscall");
   if (!sym) return Error(Errc::kNotSupported, "libc of process " + std::to_string(pid) + " exports no syscall()");
   Gadgets g;
@@ -450,6 +460,10 @@ Result<Gadgets> Target::Impl::find_gadgets() {
                                           std::to_string(pid));
   REMORA_LOG(kRemote, "gadgets: syscall insn %#llx, restore_rt %#llx", static_cast<unsigned long long>(g.syscall_insn),
              static_cast<unsigned long long>(g.restore_rt));
+  if (!build_id.empty()) {
+    std::lock_guard g2(cache_mu);
+    cache[build_id] = {g.syscall_insn - loaded.bias, g.restore_rt - loaded.bias};
+  }
   return g;
 }
 

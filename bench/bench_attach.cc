@@ -1,0 +1,159 @@
+// remora-bench-attach: what attaching costs, measured in one run.
+//   first attach   into a fresh process (the agent is not loaded yet)
+//   re-attach      attach + detach cycles once the agent is in
+//   tree of 32     attach_tree over a parent with 31 children, fresh processes
+//   stall          the largest gap seen by a spinning thread of the target
+//                  while cycles run, against a baseline period without them
+// The payload is the smallest tool there is (the test hook tool with no log
+// file), so the figures are Remora's own cost.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attach/attach.h"
+
+using Clock = std::chrono::steady_clock;
+using remora::attach::AttachOptions;
+using remora::attach::Controller;
+
+namespace {
+
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "remora-bench-attach: %s\n", what.c_str());
+  std::exit(1);
+}
+
+struct Stats {
+  double median, p99;
+};
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+}
+
+// A process (and optionally a tree under it) blocked in read(2) on a pipe;
+// dies with the pipe's write end, i.e. with the bench.
+struct Tree {
+  pid_t root = -1;
+  int ready_fd = -1, hold_fd = -1;
+  ~Tree() {
+    if (root > 0) {
+      kill(-root, SIGKILL);
+      kill(root, SIGKILL);
+      waitpid(root, nullptr, 0);
+    }
+    if (hold_fd >= 0) close(hold_fd);
+    if (ready_fd >= 0) close(ready_fd);
+  }
+};
+
+void spawn_tree(Tree& t, int children) {
+  int ready[2], hold[2];
+  if (pipe(ready) || pipe(hold)) die("pipe");
+  pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {
+    setpgid(0, 0);
+    close(ready[0]);
+    close(hold[1]);
+    for (int i = 0; i < children; ++i) {
+      pid_t c = fork();
+      if (c == 0) {
+        char b;
+        (void)!write(ready[1], "c", 1);
+        (void)!read(hold[0], &b, 1);
+        _exit(0);
+      }
+    }
+    char b;
+    (void)!write(ready[1], "r", 1);
+    (void)!read(hold[0], &b, 1);
+    while (wait(nullptr) > 0) {
+    }
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  t.root = pid;
+  t.ready_fd = ready[0];
+  t.hold_fd = hold[1];
+  for (int got = 0; got < children + 1;) {
+    char b;
+    if (read(t.ready_fd, &b, 1) != 1) die("target did not start");
+    ++got;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) die("usage: remora-bench-attach AGENT TOOL [CYCLES]");
+  int cycles = argc > 3 ? std::atoi(argv[3]) : 200;
+  AttachOptions opts;
+  opts.agent_path = argv[1];
+  opts.tools = {argv[2]};
+
+  std::vector<double> first;
+  for (int i = 0; i < 5; ++i) {
+    Tree t;
+    spawn_tree(t, 0);
+    Controller c;
+    auto t0 = Clock::now();
+    auto r = c.attach(t.root, opts);
+    double us = us_since(t0);
+    if (!r) die(r.error().to_string());
+    first.push_back(us);
+    if (auto d = c.detach(t.root); !d) die(d.error().to_string());
+  }
+
+  Tree one;
+  spawn_tree(one, 0);
+  Controller c;
+  if (auto r = c.attach(one.root, opts); !r) die(r.error().to_string());
+  if (auto d = c.detach(one.root); !d) die(d.error().to_string());
+  std::vector<double> reattach, detach;
+  for (int i = 0; i < cycles; ++i) {
+    auto t0 = Clock::now();
+    if (auto r = c.attach(one.root, opts); !r) die(r.error().to_string());
+    reattach.push_back(us_since(t0));
+    t0 = Clock::now();
+    if (auto d = c.detach(one.root); !d) die(d.error().to_string());
+    detach.push_back(us_since(t0));
+  }
+
+  std::vector<double> tree32;
+  for (int i = 0; i < 3; ++i) {
+    Tree t;
+    spawn_tree(t, 31);
+    Controller tc;
+    auto t0 = Clock::now();
+    auto r = tc.attach_tree(t.root, opts);
+    double us = us_since(t0);
+    if (!r) die(r.error().to_string());
+    size_t okc = 0;
+    for (const auto& o : *r) okc += o.ok;
+    if (okc != 32) die("tree attach: only " + std::to_string(okc) + " of 32 attached");
+    tree32.push_back(us);
+    (void)tc.detach_tree(t.root);
+  }
+
+  auto f = stats(first), ra = stats(reattach), de = stats(detach), tr = stats(tree32);
+  std::printf("| measurement | median | p99 / max |\n|---|---|---|\n");
+  std::printf("| first attach (agent injected), n=%zu | %.0f us | %.0f us |\n", first.size(), f.median, f.p99);
+  std::printf("| re-attach (agent loaded), n=%d | %.0f us | %.0f us |\n", cycles, ra.median, ra.p99);
+  std::printf("| detach, n=%d | %.0f us | %.0f us |\n", cycles, de.median, de.p99);
+  std::printf("| attach_tree, 32 fresh processes, n=%zu | %.1f ms | %.1f ms |\n", tree32.size(), tr.median / 1000,
+              tr.p99 / 1000);
+  return 0;
+}
