@@ -17,8 +17,8 @@ BUILD_DIR  ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
-DEB_PACKAGES := build-essential cmake libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libunwind-dev \
-                python3 python3-pytest binutils util-linux mount procps
+DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
+                libunwind-dev python3 python3-pytest binutils util-linux mount procps
 
 .PHONY: all deps configure build test demo bench format clean
 

@@ -507,8 +507,9 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
     return transact(tid, is_syscall, fn_or_nr, args, deadline);
   }
   auto r = transact(tid, is_syscall, fn_or_nr, args, deadline);
-  if (!r && preferred_tid == tid &&
-      (r.error().code() == Errc::kNoSuchProcess || r.error().code() == Errc::kTargetExited)) {
+  // Only a thread that was gone before the call began (the seize found no
+  // such thread) is chosen again; an exit during the call is reported.
+  if (!r && preferred_tid == tid && r.error().code() == Errc::kNoSuchProcess) {
     // The remembered thread is gone: choose again once.
     preferred_tid = 0;
     if (::kill(pid, 0) == 0 || errno == EPERM) {

@@ -1,0 +1,523 @@
+// Output writers of the default tool: trace.json (Chrome trace-event JSON),
+// folded.txt, flamegraph.svg, stats.csv and summary.txt.
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include "profile.h"
+
+namespace remora_tool {
+
+namespace {
+
+// Length of the valid UTF-8 sequence at s[i], or 0.
+size_t utf8_len(const std::string& s, size_t i) {
+  unsigned char c = static_cast<unsigned char>(s[i]);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 0;
+  if (n == 2 && c < 0xc2) return 0;  // overlong
+  return n;
+}
+
+// Replaces invalid UTF-8 (thread names are arbitrary bytes) so that JSON
+// and XML parsers accept the output.
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    size_t n = utf8_len(s, i);
+    if (n == 0) {
+      out += "\xef\xbf\xbd";
+      ++i;
+    } else {
+      out.append(s, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string thread_label(const Profile& p, int32_t tid) {
+  auto it = p.threads.find(tid);
+  std::string name = it != p.threads.end() && !it->second.empty() ? it->second : "thread";
+  return name + "-" + std::to_string(tid);
+}
+
+double rel_us(const Profile& p, uint64_t ns) {
+  return ns >= p.start_ns ? static_cast<double>(ns - p.start_ns) / 1000.0 : 0.0;
+}
+
+std::string fmt_duration(uint64_t ns) {
+  char buf[64];
+  if (ns >= 1000000000ull) snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(ns) / 1e9);
+  else if (ns >= 1000000ull) snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
+  else if (ns >= 1000ull) snprintf(buf, sizeof buf, "%.3f us", static_cast<double>(ns) / 1e3);
+  else snprintf(buf, sizeof buf, "%" PRIu64 " ns", ns);
+  return buf;
+}
+
+struct SymbolCounts {
+  std::string name;
+  uint64_t self = 0;
+  uint64_t inclusive = 0;
+};
+
+// Self and inclusive samples per symbol, hottest (self, then inclusive) first.
+std::vector<SymbolCounts> symbol_counts(const Profile& p) {
+  std::unordered_map<std::string, SymbolCounts> by_name;
+  for (const auto& [key, weight] : p.stack_weights) {
+    const auto& frames = p.stacks[key.second];
+    if (frames.empty()) continue;
+    std::set<std::string> seen;
+    for (const auto& f : frames) {
+      if (!seen.insert(f).second) continue;  // recursion counts once
+      auto& c = by_name[f];
+      c.name = f;
+      c.inclusive += weight;
+    }
+    by_name[frames.back()].self += weight;
+  }
+  std::vector<SymbolCounts> out;
+  out.reserve(by_name.size());
+  for (auto& [name, c] : by_name) out.push_back(c);
+  std::sort(out.begin(), out.end(), [](const SymbolCounts& a, const SymbolCounts& b) {
+    if (a.self != b.self) return a.self > b.self;
+    if (a.inclusive != b.inclusive) return a.inclusive > b.inclusive;
+    return a.name < b.name;
+  });
+  return out;
+}
+
+}  // namespace
+
+std::string json_escape(const std::string& raw) {
+  std::string s = valid_utf8(raw);
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
+std::string xml_escape(const std::string& raw) {
+  std::string s = valid_utf8(raw);
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        // XML 1.0 allows no control characters but tab, newline, return.
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') out += '?';
+        else out += ch;
+    }
+  }
+  return out;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::map<std::string, uint64_t> folded_stacks(const Profile& p) {
+  std::map<std::string, uint64_t> out;
+  for (const auto& [key, weight] : p.stack_weights) {
+    std::string line;
+    if (p.fold_threads) line = thread_label(p, key.first);
+    for (const auto& f : p.stacks[key.second]) {
+      if (!line.empty()) line += ';';
+      // ';' separates frames and the last ' ' separates the count: keep
+      // them out of names (C++ operator names can contain neither in
+      // practice, but template arguments can hold spaces; those are fine).
+      std::string clean = f;
+      std::replace(clean.begin(), clean.end(), ';', ':');
+      std::replace(clean.begin(), clean.end(), '\n', ' ');
+      line += clean;
+    }
+    if (line.empty()) continue;
+    out[line] += weight;
+  }
+  return out;
+}
+
+bool write_trace_json(const Profile& p, FILE* out) {
+  fprintf(out, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"tool\":\"remora\",\"pid\":%d,\"session\":%" PRIu64
+               ",\"sample_hz\":%d},\n\"traceEvents\":[\n",
+          p.pid, p.session, p.sampling ? p.hz : 0);
+  std::string comm = json_escape(p.comm);
+  fprintf(out, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s (pid %d)\"}}",
+          p.pid, p.pid, comm.c_str(), p.pid);
+  for (const auto& [tid, name] : p.threads) {
+    fprintf(out, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", p.pid,
+            tid, json_escape(name.empty() ? "thread" : name).c_str());
+  }
+  // Hundreds of thousands of calls are common: escape each name once and
+  // format with snprintf into one buffer.
+  std::vector<std::string> fn_json(p.fn_names.size());
+  for (size_t i = 0; i < p.fn_names.size(); ++i) fn_json[i] = json_escape(p.fn_names[i]);
+  std::string buf;
+  buf.reserve(1 << 20);
+  char line[256];
+  for (const CallEvent& c : p.calls) {
+    const char* name = c.fn < fn_json.size() ? fn_json[c.fn].c_str() : "?";
+    uint64_t ts_ns = c.start_ns >= p.start_ns ? c.start_ns - p.start_ns : 0;
+    int n = snprintf(line, sizeof line,
+                     ",\n{\"name\":\"%s\",\"cat\":\"call\",\"ph\":\"X\",\"ts\":%" PRIu64 ".%03u,\"dur\":%" PRIu64
+                     ".%03u,\"pid\":%d,\"tid\":%d}",
+                     name, ts_ns / 1000, static_cast<unsigned>(ts_ns % 1000), c.dur_ns / 1000,
+                     static_cast<unsigned>(c.dur_ns % 1000), p.pid, c.tid);
+    buf.append(line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof line) - 1)));
+    if (buf.size() > (1 << 20) - 512) {
+      fwrite(buf.data(), 1, buf.size(), out);
+      buf.clear();
+    }
+  }
+  fwrite(buf.data(), 1, buf.size(), out);
+  for (const SampleEvent& s : p.samples) {
+    const auto& frames = p.stacks[s.stack];
+    std::string leaf = frames.empty() ? "?" : frames.back();
+    // The stack, leaf last, at most 32 frames nearest the leaf.
+    std::string stack;
+    size_t first = frames.size() > 32 ? frames.size() - 32 : 0;
+    for (size_t i = first; i < frames.size(); ++i) {
+      if (!stack.empty()) stack += ';';
+      stack += frames[i];
+    }
+    fprintf(out,
+            ",\n{\"name\":\"%s\",\"cat\":\"sample\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,"
+            "\"args\":{\"weight\":%u,\"stack\":\"%s\"}}",
+            json_escape(leaf).c_str(), rel_us(p, s.ts_ns), p.pid, s.tid, s.weight, json_escape(stack).c_str());
+  }
+  fprintf(out, "\n]}\n");
+  return ferror(out) == 0;
+}
+
+bool write_folded(const Profile& p, FILE* out) {
+  for (const auto& [line, count] : folded_stacks(p))
+    fprintf(out, "%s %" PRIu64 "\n", valid_utf8(line).c_str(), count);
+  return ferror(out) == 0;
+}
+
+// ---- flame graph ----
+
+namespace {
+
+struct Node {
+  std::string name;
+  uint64_t value = 0;
+  std::map<std::string, std::unique_ptr<Node>> children;
+};
+
+uint32_t name_hash(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+  return h;
+}
+
+struct SvgLayout {
+  double width = 1200, pad = 10, frame_h = 16, top = 60;
+  double total = 1;
+  int max_depth = 0;
+  double height() const { return top + (max_depth + 1) * frame_h + 30; }
+};
+
+void measure(const Node& n, int depth, SvgLayout& l) {
+  l.max_depth = std::max(l.max_depth, depth);
+  for (const auto& [_, c] : n.children) measure(*c, depth + 1, l);
+}
+
+void emit(FILE* out, const Node& n, int depth, uint64_t offset, const SvgLayout& l) {
+  double scale = (l.width - 2 * l.pad) / l.total;
+  double w = static_cast<double>(n.value) * scale;
+  if (w < 0.1) return;  // invisible: keep the file small
+  double x = l.pad + static_cast<double>(offset) * scale;
+  double y = l.height() - 30 - (depth + 1) * l.frame_h;
+  uint32_t h = name_hash(n.name);
+  int r = 205 + static_cast<int>(h % 50), g = static_cast<int>((h >> 8) % 180), b = static_cast<int>((h >> 16) % 55);
+  std::string name = xml_escape(n.name);
+  double pct = 100.0 * static_cast<double>(n.value) / l.total;
+  fprintf(out,
+          "<g class=\"f\" data-o=\"%" PRIu64 "\" data-v=\"%" PRIu64 "\" data-d=\"%d\"><title>%s (%" PRIu64
+          " samples, %.2f%%)</title><rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"rgb(%d,%d,%d)\" "
+          "rx=\"2\"/><text x=\"%.2f\" y=\"%.1f\"></text></g>\n",
+          offset, n.value, depth, name.c_str(), n.value, pct, x, y, w, l.frame_h - 1, r, g, b, x + 3,
+          y + l.frame_h - 4.5);
+  uint64_t child_offset = offset;
+  // Children in name order, like flamegraph.pl: the x axis is not time.
+  for (const auto& [_, c] : n.children) {
+    emit(out, *c, depth + 1, child_offset, l);
+    child_offset += c->value;
+  }
+}
+
+// Search (click "Search" or press Ctrl-F / "/") highlights the frames whose
+// name matches a regular expression and shows their share; clicking a frame
+// zooms to it; "Reset zoom" or Escape goes back. Frame labels are truncated
+// to their width by the script, so the file holds each name once (in the
+// title). No "]]>" may appear in this text.
+const char kFlameScript[] = R"JS(
+var svg = document.documentElement, frames = [], W, PAD = 10, total, zoomed = null;
+function init() {
+  var gs = svg.getElementsByClassName('f');
+  for (var i = 0; i < gs.length; i++) {
+    var g = gs[i];
+    frames.push({g: g, o: +g.getAttribute('data-o'), v: +g.getAttribute('data-v'), d: +g.getAttribute('data-d'),
+                 r: g.getElementsByTagName('rect')[0], t: g.getElementsByTagName('text')[0],
+                 name: g.getElementsByTagName('title')[0].textContent.replace(/ \([0-9]+ samples, [0-9.]+%\)$/, '')});
+    g.addEventListener('click', (function(f) { return function() { zoom(f); }; })(frames[frames.length - 1]));
+  }
+  W = +svg.getAttribute('width') - 2 * PAD;
+  total = frames.length ? frames[0].v : 1;
+  layout(0, total, 0);
+  document.getElementById('search').addEventListener('click', search);
+  document.getElementById('reset').addEventListener('click', function() { zoomed = null; layout(0, total, 0); });
+  document.addEventListener('keydown', function(e) {
+    if ((e.ctrlKey && e.key === 'f') || e.key === '/') { e.preventDefault(); search(); }
+    if (e.key === 'Escape') { zoomed = null; layout(0, total, 0); clearSearch(); }
+  });
+}
+function label(f, w) {
+  var n = Math.floor((w - 6) / 7);
+  if (n < 3) return '';
+  return f.name.length <= n ? f.name : f.name.substring(0, n - 2) + '..';
+}
+function layout(o, v, d) {
+  for (var i = 0; i < frames.length; i++) {
+    var f = frames[i], inside = f.o >= o && f.o + f.v <= o + v && f.d >= d, above = f.d < d && f.o <= o && f.o + f.v >= o + v;
+    if (!inside && !above) { f.g.style.display = 'none'; continue; }
+    var x = above ? 0 : (f.o - o) / v * W, w = above ? W : f.v / v * W;
+    if (w < 0.1) { f.g.style.display = 'none'; continue; }
+    f.g.style.display = '';
+    f.g.style.opacity = above ? 0.6 : 1;
+    f.r.setAttribute('x', PAD + x); f.r.setAttribute('width', w);
+    f.t.setAttribute('x', PAD + x + 3); f.t.textContent = label(f, w);
+  }
+}
+function zoom(f) { zoomed = f; layout(f.o, f.v, f.d); }
+function clearSearch() {
+  for (var i = 0; i < frames.length; i++) frames[i].r.removeAttribute('stroke');
+  for (var i = 0; i < frames.length; i++) frames[i].r.style.fill = '';
+  document.getElementById('matched').textContent = '';
+}
+function search() {
+  var term = prompt('Search (regular expression):', '');
+  clearSearch();
+  if (!term) return;
+  var re;
+  try { re = new RegExp(term); } catch (e) { alert('Invalid regular expression: ' + e.message); return; }
+  // Share of samples in matching frames, counting a matching frame nested
+  // in another matching frame once.
+  var spans = [];
+  for (var i = 0; i < frames.length; i++) {
+    var f = frames[i];
+    if (!re.test(f.name)) continue;
+    f.r.style.fill = 'rgb(230,0,230)';
+    spans.push([f.o, f.o + f.v]);
+  }
+  spans.sort(function(a, b) { return a[0] - b[0] || b[1] - a[1]; });
+  var covered = 0, end = -1;
+  for (var i = 0; i < spans.length; i++) {
+    if (spans[i][0] >= end) { covered += spans[i][1] - spans[i][0]; end = spans[i][1]; }
+    else if (spans[i][1] > end) { covered += spans[i][1] - end; end = spans[i][1]; }
+  }
+  document.getElementById('matched').textContent =
+      'Matched "' + term + '": ' + (100 * covered / total).toFixed(2) + '% of samples';
+}
+window.addEventListener('load', init);
+)JS";
+
+}  // namespace
+
+bool write_flamegraph_svg(const Profile& p, FILE* out) {
+  Node root;
+  root.name = "all";
+  for (const auto& [line, count] : folded_stacks(p)) {
+    Node* n = &root;
+    root.value += count;
+    size_t pos = 0;
+    while (pos <= line.size()) {
+      size_t semi = line.find(';', pos);
+      if (semi == std::string::npos) semi = line.size();
+      std::string frame = line.substr(pos, semi - pos);
+      auto& child = n->children[frame];
+      if (!child) {
+        child = std::make_unique<Node>();
+        child->name = frame;
+      }
+      child->value += count;
+      n = child.get();
+      pos = semi + 1;
+    }
+  }
+  SvgLayout l;
+  l.total = root.value ? static_cast<double>(root.value) : 1.0;
+  measure(root, 0, l);
+  std::string title = xml_escape(p.comm + " (pid " + std::to_string(p.pid) + "), session " +
+                                 std::to_string(p.session) + ": " + std::to_string(root.value) + " samples");
+  fprintf(out,
+          "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n"
+          "<svg version=\"1.1\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+          "viewBox=\"0 0 %.0f %.0f\">\n"
+          "<style type=\"text/css\">text { font-family: monospace; font-size: 12px; fill: rgb(0,0,0); } "
+          ".f:hover rect { stroke: black; stroke-width: 0.5; cursor: pointer; } "
+          "#search, #reset { cursor: pointer; } #search:hover, #reset:hover { fill: rgb(0,0,200); }</style>\n"
+          "<script type=\"text/ecmascript\"><![CDATA[%s]]></script>\n"
+          "<rect x=\"0\" y=\"0\" width=\"100%%\" height=\"100%%\" fill=\"rgb(250,250,245)\"/>\n"
+          "<text x=\"%.0f\" y=\"24\" text-anchor=\"middle\" style=\"font-size:17px\">Flame graph: %s</text>\n"
+          "<text id=\"reset\" x=\"10\" y=\"48\">Reset zoom</text>\n"
+          "<text id=\"search\" x=\"%.0f\" y=\"48\" text-anchor=\"end\">Search (Ctrl-F)</text>\n"
+          "<text id=\"matched\" x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\"></text>\n",
+          l.width, l.height(), l.width, l.height(), kFlameScript, l.width / 2, title.c_str(), l.width - 10,
+          l.width - 10, l.height() - 10);
+  if (root.value == 0) {
+    fprintf(out, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">No samples (sampling %s)</text>\n",
+            l.width / 2, l.top + 20, p.sampling ? "found no CPU time" : "was off");
+  } else {
+    emit(out, root, 0, 0, l);
+  }
+  fprintf(out, "</svg>\n");
+  return ferror(out) == 0;
+}
+
+bool write_stats_csv(const Profile& p, FILE* out) {
+  fprintf(out, "kind,name,calls,total_ns,mean_ns,max_ns,samples,inclusive_samples,share\n");
+  std::vector<FuncStat> funcs = p.func_stats;
+  std::sort(funcs.begin(), funcs.end(), [](const FuncStat& a, const FuncStat& b) { return a.total_ns > b.total_ns; });
+  for (const FuncStat& f : funcs) {
+    if (f.calls == 0) continue;
+    fprintf(out, "call,%s,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",,,\n", csv_field(f.name).c_str(), f.calls,
+            f.total_ns, f.total_ns / f.calls, f.max_ns);
+  }
+  uint64_t total = 0;
+  for (const auto& [_, w] : p.stack_weights) total += w;
+  for (const SymbolCounts& s : symbol_counts(p)) {
+    fprintf(out, "sample,%s,,,,,%" PRIu64 ",%" PRIu64 ",%.6f\n", csv_field(s.name).c_str(), s.self, s.inclusive,
+            total ? static_cast<double>(s.self) / static_cast<double>(total) : 0.0);
+  }
+  return ferror(out) == 0;
+}
+
+namespace {
+bool write_summary_raw(const Profile& p, const std::string& dir, FILE* out);
+}  // namespace
+
+// The summary is printed by the CLI: keep it valid UTF-8 whatever the thread
+// and symbol names hold.
+bool write_summary(const Profile& p, const std::string& dir, FILE* out) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* mem = open_memstream(&buf, &len);
+  if (mem == nullptr) return false;
+  bool ok = write_summary_raw(p, dir, mem);
+  ok = fclose(mem) == 0 && ok;
+  std::string text = valid_utf8(std::string(buf ? buf : "", len));
+  free(buf);
+  fwrite(text.data(), 1, text.size(), out);
+  return ok && ferror(out) == 0;
+}
+
+namespace {
+bool write_summary_raw(const Profile& p, const std::string& dir, FILE* out) {
+  double secs = static_cast<double>(p.end_ns - p.start_ns) / 1e9;
+  uint64_t calls = 0;
+  for (const auto& f : p.func_stats) calls += f.calls;
+  uint64_t total = 0;
+  for (const auto& [_, w] : p.stack_weights) total += w;
+  fprintf(out, "Remora profile of %s (pid %d), session %" PRIu64 ", %.2f s\n", p.comm.c_str(), p.pid, p.session, secs);
+  if (p.sampling)
+    fprintf(out, "  sampling: %d Hz of CPU time per thread (signal %d), %" PRIu64 " samples from %zu threads\n", p.hz,
+            p.signal, total, p.threads.size());
+  else
+    fprintf(out, "  sampling: off\n");
+  if (p.tracing)
+    fprintf(out, "  tracing: %u GOT slots patched, %" PRIu64 " calls traced\n", p.patched_slots, calls);
+  else
+    fprintf(out, "  tracing: off\n");
+  fprintf(out, "  output: %s\n", dir.c_str());
+
+  if (p.sampling) {
+    fprintf(out, "\nHottest functions (self samples; inclusive in brackets):\n");
+    auto syms = symbol_counts(p);
+    int shown = 0;
+    for (const auto& s : syms) {
+      if (shown == 10 || s.self == 0) break;
+      fprintf(out, "  %2d. %6.2f%%  %8" PRIu64 "  [%6.2f%%]  %s\n", ++shown,
+              100.0 * static_cast<double>(s.self) / static_cast<double>(total ? total : 1), s.self,
+              100.0 * static_cast<double>(s.inclusive) / static_cast<double>(total ? total : 1), s.name.c_str());
+    }
+    if (shown == 0) fprintf(out, "  (no samples: the process used no CPU while attached)\n");
+  }
+  if (p.tracing) {
+    fprintf(out, "\nSlowest traced calls:\n");
+    int i = 0;
+    for (const CallEvent& c : p.slowest_calls) {
+      fprintf(out, "  %2d. %12s  %-24s %s at +%.3f s\n", ++i, fmt_duration(c.dur_ns).c_str(),
+              c.fn < p.fn_names.size() ? p.fn_names[c.fn].c_str() : "?", thread_label(p, c.tid).c_str(),
+              static_cast<double>(c.start_ns - std::min(c.start_ns, p.start_ns)) / 1e9);
+    }
+    if (i == 0) fprintf(out, "  (no traced call)\n");
+    std::vector<FuncStat> funcs = p.func_stats;
+    std::sort(funcs.begin(), funcs.end(),
+              [](const FuncStat& a, const FuncStat& b) { return a.total_ns > b.total_ns; });
+    fprintf(out, "\nTraced functions by total time:\n");
+    int shown = 0;
+    for (const auto& f : funcs) {
+      if (f.calls == 0 || shown == 10) continue;
+      ++shown;
+      fprintf(out, "  %-24s calls %10" PRIu64 "  total %12s  mean %12s  max %12s\n", f.name.c_str(), f.calls,
+              fmt_duration(f.total_ns).c_str(), fmt_duration(f.total_ns / f.calls).c_str(),
+              fmt_duration(f.max_ns).c_str());
+    }
+    if (shown == 0) fprintf(out, "  (none)\n");
+  }
+  if (p.samples_dropped || p.calls_dropped || p.events_capped)
+    fprintf(out,
+            "\nDropped: %" PRIu64 " samples and %" PRIu64 " call records (per-thread buffers full; call counts "
+            "above are still exact); %" PRIu64 " events left out of trace.json (REMORA_MAX_EVENTS)\n",
+            p.samples_dropped, p.calls_dropped, p.events_capped);
+  if (!p.warnings.empty()) {
+    fprintf(out, "\nWarnings:\n");
+    std::set<std::string> seen;
+    for (const auto& w : p.warnings)
+      if (seen.insert(w).second) fprintf(out, "  %s\n", w.c_str());
+  }
+  return ferror(out) == 0;
+}
+
+}  // namespace
+
+}  // namespace remora_tool

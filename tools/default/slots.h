@@ -1,0 +1,110 @@
+// Per-thread recording state of the default tool, shared by the sampler (a
+// signal handler) and the call tracer (GOT wrappers).
+//
+// Everything the recording side touches is async-signal-safe: no malloc, no
+// locks, no dynamic TLS. A thread finds its slot through one initial-exec TLS
+// word (a plain %fs-relative load; glibc zeroes it for every new thread, so a
+// reused pthread descriptor never inherits a stale slot), or, in the sampling
+// handler, through the slot index the timer carries in its sigev_value.
+//
+// Each slot owns two single-consumer rings, a sample ring and a call ring,
+// filled only by its own thread (possibly re-entrantly: a signal handler can
+// interrupt a wrapper on the same thread, so a position is reserved with an
+// atomic fetch_add and each record is committed with a sequence number).
+// The collector thread drains them every tick; detach drains the rest.
+//
+// Session safety: a producer marks its slot busy (seq_cst) and then re-checks
+// that the session it saw is still active; detach clears `active` and waits
+// for every live slot to be idle, so after detach_quiesce() returns nothing
+// writes into the rings (the Dekker pattern: both sides store, then load,
+// with sequential consistency).
+#ifndef REMORA_TOOLS_DEFAULT_SLOTS_H_
+#define REMORA_TOOLS_DEFAULT_SLOTS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <atomic>
+
+namespace remora_tool {
+
+constexpr uint32_t kMaxThreads = 4096;       // slots per session (hash table size)
+constexpr uint32_t kMaxFuncs = 96;           // traceable functions (see functions.def)
+constexpr uint32_t kMaxFrames = 127;         // PCs kept per sample
+constexpr uint32_t kSampleRingSize = 64;     // drained every 100 ms: 99 Hz needs ~10
+constexpr uint32_t kCallRingSize = 8192;     // calls per thread per 100 ms before dropping
+
+struct SampleRec {
+  uint64_t ts_ns;                  // CLOCK_MONOTONIC
+  uint32_t nframes;                // pcs[0] is the interrupted PC, the rest return addresses
+  uint32_t weight;                 // 1 + timer overruns
+  std::atomic<uint64_t> seq;       // position + 1 once committed
+  uint64_t pcs[kMaxFrames];
+};
+
+struct CallRec {
+  uint64_t start_ns;
+  uint64_t dur_ns;
+  uint32_t fn;
+  uint32_t pad;
+  std::atomic<uint64_t> seq;
+};
+
+struct FuncCounters {
+  std::atomic<uint64_t> calls;
+  std::atomic<uint64_t> total_ns;
+  std::atomic<uint64_t> max_ns;
+};
+
+// One mmap'ed block per slot, kept across sessions (never unmapped: a thread
+// still inside a wrapper when the session ends must find valid memory).
+struct SlotMem {
+  std::atomic<uint64_t> sample_head;
+  std::atomic<uint64_t> sample_tail;
+  std::atomic<uint64_t> samples_dropped;
+  std::atomic<uint64_t> call_head;
+  std::atomic<uint64_t> call_tail;
+  std::atomic<uint64_t> calls_dropped;
+  FuncCounters funcs[kMaxFuncs];
+  SampleRec samples[kSampleRingSize];
+  CallRec calls[kCallRingSize];
+};
+
+struct Slot {
+  std::atomic<int32_t> tid;        // 0: free (open addressing by tid)
+  std::atomic<uint32_t> ready;     // mem initialised for this session
+  std::atomic<uint32_t> busy;      // producers inside a record on this slot
+  uint32_t pad;
+  SlotMem* mem;
+};
+
+// Global recording state.
+extern std::atomic<bool> g_active;
+extern std::atomic<uint32_t> g_gen;      // session generation, bumped at each attach
+extern Slot g_slots[kMaxThreads];
+
+// Marks the calling thread as the tool's own: nothing it does is recorded.
+void set_thread_ignored(bool ignored);
+
+// Finds or creates the slot of `tid` for the current generation. Async-signal
+// -safe (mmap on first use of a slot index). Returns its index, or -1 when the
+// table is full or the session is ending.
+int claim_slot(int32_t tid, uint32_t gen);
+
+// The calling thread's slot marked busy, or nullptr when nothing should be
+// recorded (no session, a tool thread, no slot left). Pair with slot_leave.
+Slot* slot_enter_current();
+// Marks slot `index` busy if the session `gen` is still active; else nullptr.
+Slot* slot_enter_index(uint32_t index, uint32_t gen);
+inline void slot_leave(Slot* s) { s->busy.fetch_sub(1, std::memory_order_release); }
+
+// Session boundaries, called on the listener thread only.
+void session_begin();                 // reset the table, bump gen, set active
+void session_stop_and_quiesce();      // clear active, wait for producers to leave
+
+uint64_t now_ns();                    // CLOCK_MONOTONIC, via the vDSO
+
+}  // namespace remora_tool
+
+#endif  // REMORA_TOOLS_DEFAULT_SLOTS_H_

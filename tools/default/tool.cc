@@ -1,0 +1,580 @@
+// libremora-tool.so — Remora's default tool: CPU sampling of every thread
+// and tracing of blocking calls, written out at each detach as a Chrome
+// trace (trace.json), folded stacks, a flame graph, a CSV of statistics and
+// a summary. docs/tool.md is the user's guide.
+//
+// Threads (remora/tool.h): tool_attach and tool_detach run on the agent's
+// listener thread (tool_detach may also run on the thread calling exit(), or
+// on the agent's lease thread when a controller died); tool_fini on the
+// exiting thread. While attached, one tool thread ("remora-tool", every
+// signal blocked) wakes every 100 ms to pick up new threads and drain the
+// per-thread buffers. Why a /proc/self/task rescan rather than a hook on
+// thread creation: a hook (patching pthread_create) misses threads created
+// by clone() or by objects we do not patch, and a new thread only matters
+// once it has used CPU time anyway; a rescan of a directory every 100 ms
+// costs microseconds and sees every thread of the process.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "config.h"
+#include "profile.h"
+#include "remora/tool.h"
+#include "sampler.h"
+#include "slots.h"
+#include "symbolize.h"
+#include "tracer.h"
+#include "wrappers.h"
+
+#define REMORA_TOOL_EXPORT extern "C" __attribute__((visibility("default")))
+
+// The directory of the last session's output, readable by a controller in
+// the target's memory (and by tests through remora_default_tool_last_output).
+extern "C" {
+__attribute__((visibility("default"))) char remora_default_tool_last_output[4096] = "";
+}
+
+namespace remora_tool {
+namespace {
+
+// Return values of tool_attach / tool_detach (docs/tool.md).
+enum : int {
+  kErrConfig = 10,       // an environment variable has an invalid value
+  kErrOutputPath = 11,   // REMORA_OUTPUT_PATH cannot be created
+  kErrSampling = 12,     // no signal for sampling
+  kErrState = 13,        // attach while attached / detach while detached
+  kErrWrite = 14,        // an output file could not be written
+};
+
+struct Tool {
+  std::mutex mu;  // state below, between the collector and attach/detach/fork
+  bool attached = false;
+  bool collector_running = false;
+  bool in_fork_child = false;
+  pthread_t collector{};
+  int32_t collector_tid = 0;
+  int wake_fd = -1;
+  std::atomic<bool> stop{false};
+  Config cfg;
+  Sampler sampler;
+  Tracer tracer;
+  Profile profile;
+  std::unordered_map<std::string, uint32_t> stack_ids;
+  std::unordered_set<int32_t> live;  // threads seen alive at the last scan
+  unsigned tick = 0;
+};
+
+Tool* g_tool = nullptr;  // created in remora_configure, never freed (wrappers may outlive everything)
+
+void log_error(const std::string& msg) {
+  // The target's stderr is the only channel a failed attach has besides its
+  // return value; say what to change.
+  std::string line = "remora-tool: " + msg + "\n";
+  (void)!write(2, line.data(), line.size());
+}
+
+struct IgnoreScope {
+  // Nothing the tool itself does on this thread is recorded while in scope.
+  IgnoreScope() { set_thread_ignored(true); }
+  ~IgnoreScope() { set_thread_ignored(false); }
+};
+
+std::string read_small_file(const char* path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[256];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return "";
+  std::string s(buf, static_cast<size_t>(n));
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+std::string thread_name(int32_t tid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
+  return read_small_file(path);
+}
+
+std::vector<int32_t> list_threads() {
+  std::vector<int32_t> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    out.push_back(static_cast<int32_t>(atoi(e->d_name)));
+  }
+  closedir(d);
+  return out;
+}
+
+// Under t.mu. Registers new threads (slot, timer, name), forgets dead ones.
+void scan_threads(Tool& t, bool refresh_names) {
+  uint32_t gen = g_gen.load(std::memory_order_acquire);
+  std::unordered_set<int32_t> now;
+  for (int32_t tid : list_threads()) {
+    if (tid == t.collector_tid) continue;
+    now.insert(tid);
+    bool is_new = t.live.count(tid) == 0;
+    if (is_new || refresh_names) {
+      std::string name = thread_name(tid);
+      if (!name.empty()) t.profile.threads[tid] = name;
+    }
+    if (!is_new && (!t.cfg.sampling || t.sampler.has_thread(tid))) continue;
+    int slot = claim_slot(tid, gen);
+    if (slot >= 0 && t.cfg.sampling && t.sampler.running()) t.sampler.add_thread(tid, static_cast<uint32_t>(slot), gen);
+  }
+  for (int32_t tid : t.live)
+    if (now.count(tid) == 0) t.sampler.remove_thread(tid);
+  t.live = std::move(now);
+}
+
+uint32_t intern_stack(Tool& t, const uint64_t* pcs, uint32_t n) {
+  std::string key(reinterpret_cast<const char*>(pcs), n * sizeof(uint64_t));
+  auto [it, inserted] = t.stack_ids.emplace(std::move(key), static_cast<uint32_t>(t.profile.raw_stacks.size()));
+  if (inserted) t.profile.raw_stacks.emplace_back(pcs, pcs + n);
+  return it->second;
+}
+
+void note_slow_call(Profile& p, const CallEvent& c) {
+  auto& v = p.slowest_calls;
+  if (v.size() == 10 && v.back().dur_ns >= c.dur_ns) return;
+  auto pos = std::upper_bound(v.begin(), v.end(), c,
+                              [](const CallEvent& a, const CallEvent& b) { return a.dur_ns > b.dur_ns; });
+  v.insert(pos, c);
+  if (v.size() > 10) v.pop_back();
+}
+
+// Under t.mu. Moves every committed record of every slot into the profile.
+void drain(Tool& t) {
+  Profile& p = t.profile;
+  for (Slot& s : g_slots) {
+    int32_t tid = s.tid.load(std::memory_order_acquire);
+    if (tid == 0 || !s.ready.load(std::memory_order_acquire)) continue;
+    SlotMem* m = s.mem;
+    uint64_t tail = m->sample_tail.load(std::memory_order_relaxed);
+    uint64_t head = m->sample_head.load(std::memory_order_acquire);
+    for (; tail < head; ++tail) {
+      SampleRec& r = m->samples[tail % kSampleRingSize];
+      if (r.seq.load(std::memory_order_acquire) != tail + 1) break;
+      uint32_t n = std::min(r.nframes, kMaxFrames);
+      if (n == 0) continue;
+      uint32_t id = intern_stack(t, r.pcs, n);
+      p.stack_weights[{tid, id}] += r.weight;
+      p.samples_total += r.weight;
+      if (p.samples.size() + p.calls.size() < t.cfg.max_events) p.samples.push_back({tid, r.weight, id, r.ts_ns});
+      else ++p.events_capped;
+    }
+    m->sample_tail.store(tail, std::memory_order_release);
+
+    tail = m->call_tail.load(std::memory_order_relaxed);
+    head = m->call_head.load(std::memory_order_acquire);
+    for (; tail < head; ++tail) {
+      CallRec& r = m->calls[tail % kCallRingSize];
+      if (r.seq.load(std::memory_order_acquire) != tail + 1) break;
+      CallEvent c{tid, r.fn, r.start_ns, r.dur_ns};
+      note_slow_call(p, c);
+      if (p.samples.size() + p.calls.size() < t.cfg.max_events) p.calls.push_back(c);
+      else ++p.events_capped;
+    }
+    m->call_tail.store(tail, std::memory_order_release);
+  }
+}
+
+void* collector_main(void* arg) {
+  Tool& t = *static_cast<Tool*>(arg);
+  set_thread_ignored(true);
+  __atomic_store_n(&t.collector_tid, static_cast<int32_t>(syscall(SYS_gettid)), __ATOMIC_RELEASE);
+  pthread_setname_np(pthread_self(), "remora-tool");
+  for (;;) {
+    pollfd pfd = {t.wake_fd, POLLIN, 0};
+    poll(&pfd, 1, 100);
+    if (t.stop.load(std::memory_order_acquire)) break;
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (t.stop.load(std::memory_order_acquire) || !t.attached) break;
+    ++t.tick;
+    scan_threads(t, t.tick % 10 == 0);
+    drain(t);
+    // Objects loaded by dlopen while attached get their slots patched too.
+    if (t.cfg.tracing && t.tracer.objects_changed())
+      t.profile.patched_slots += static_cast<uint32_t>(t.tracer.patch(&t.profile.warnings));
+  }
+  return nullptr;
+}
+
+bool start_collector(Tool& t) {
+  t.stop.store(false);
+  t.collector_tid = 0;
+  if (t.wake_fd < 0) t.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);  // the thread inherits "everything blocked"
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  int rc = pthread_create(&t.collector, &attr, collector_main, &t);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  t.collector_running = rc == 0;
+  return rc == 0;
+}
+
+void stop_collector(Tool& t, bool join) {
+  if (!t.collector_running) return;
+  t.stop.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  (void)!write(t.wake_fd, &one, sizeof one);
+  if (join) pthread_join(t.collector, nullptr);
+  else pthread_detach(t.collector);
+  t.collector_running = false;
+}
+
+// Keeps the tool mapped forever once it has patched anything or installed a
+// handler: the agent never dlcloses an attached tool, but it does dlclose
+// after a failed first attach, and a thread may still be inside a wrapper.
+void pin_self() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&pin_self), &info) != 0 && info.dli_fname != nullptr)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+bool make_dirs(const std::string& path, std::string* error) {
+  std::string cur;
+  size_t pos = 0;
+  while (pos <= path.size()) {
+    size_t slash = path.find('/', pos);
+    if (slash == std::string::npos) slash = path.size();
+    cur = path.substr(0, slash);
+    pos = slash + 1;
+    if (cur.empty() || cur == "." || cur == "..") continue;
+    if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+      *error = "cannot create " + cur + ": " + strerror(errno);
+      return false;
+    }
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *error = path + " is not a directory";
+    return false;
+  }
+  if (access(path.c_str(), W_OK | X_OK) != 0) {
+    *error = "cannot write into " + path + ": " + strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+std::string safe_comm(const std::string& comm) {
+  std::string s = comm.empty() ? "process" : comm;
+  for (char& c : s)
+    if (c == '/' || c == ' ' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '_';
+  return s;
+}
+
+// A new directory for this process and session; never an existing one.
+std::string make_session_dir(const Profile& p, const std::string& root, std::string* error) {
+  if (!make_dirs(root, error)) return "";
+  time_t now = time(nullptr);
+  struct tm tm;
+  localtime_r(&now, &tm);
+  char stamp[32];
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  std::string base = root + "/" + safe_comm(p.comm) + "-" + std::to_string(p.pid) + "-s" +
+                     std::to_string(p.session) + "-" + stamp;
+  for (int i = 1; i < 1000; ++i) {
+    std::string dir = i == 1 ? base : base + "-" + std::to_string(i);
+    if (mkdir(dir.c_str(), 0755) == 0) return dir;
+    if (errno != EEXIST) {
+      *error = "cannot create " + dir + ": " + strerror(errno);
+      return "";
+    }
+  }
+  *error = "too many output directories named " + base;
+  return "";
+}
+
+bool write_file(const std::string& path, const std::function<bool(FILE*)>& fn, std::string* error) {
+  FILE* f = fopen(path.c_str(), "wxe");
+  if (f == nullptr) {
+    *error = "cannot create " + path + ": " + strerror(errno);
+    return false;
+  }
+  bool ok = fn(f);
+  ok = fclose(f) == 0 && ok;
+  if (!ok) *error = "cannot write " + path + ": " + strerror(errno);
+  return ok;
+}
+
+// Symbolises and writes the outputs of the finished session.
+int write_outputs(Tool& t) {
+  Profile& p = t.profile;
+  Symbolizer sym;
+  p.stacks.clear();
+  p.stacks.reserve(p.raw_stacks.size());
+  for (const auto& raw : p.raw_stacks) {
+    std::vector<std::string> frames;
+    frames.reserve(raw.size() + 1);
+    // raw[0] is the interrupted PC; the others are return addresses, which
+    // point after the call: look up pc - 1 to stay inside the caller.
+    // The tool's own frames (a wrapper, the recording code a sample landed
+    // in) are left out: their time shows in the caller, as the traced
+    // function's overhead.
+    for (size_t i = raw.size(); i-- > 0;) {
+      uint64_t pc = i == 0 ? raw[i] : raw[i] - 1;
+      if (!sym.in_tool(pc)) frames.push_back(sym.name(pc));
+    }
+    if (raw.size() >= kMaxFrames) frames.insert(frames.begin(), "[truncated]");
+    p.stacks.push_back(std::move(frames));
+  }
+  std::string error;
+  std::string dir = make_session_dir(p, t.cfg.output_path, &error);
+  if (dir.empty()) {
+    log_error("detach: " + error + " (REMORA_OUTPUT_PATH=" + t.cfg.output_path + ")");
+    return kErrWrite;
+  }
+  bool ok = write_file(dir + "/trace.json", [&](FILE* f) { return write_trace_json(p, f); }, &error) &&
+            write_file(dir + "/folded.txt", [&](FILE* f) { return write_folded(p, f); }, &error) &&
+            write_file(dir + "/flamegraph.svg", [&](FILE* f) { return write_flamegraph_svg(p, f); }, &error) &&
+            write_file(dir + "/stats.csv", [&](FILE* f) { return write_stats_csv(p, f); }, &error) &&
+            write_file(dir + "/summary.txt", [&](FILE* f) { return write_summary(p, dir, f); }, &error);
+  snprintf(remora_default_tool_last_output, sizeof remora_default_tool_last_output, "%s", dir.c_str());
+  // <comm>-<pid>-latest -> the newest session directory of this process.
+  std::string link = t.cfg.output_path + "/" + safe_comm(p.comm) + "-" + std::to_string(p.pid) + "-latest";
+  std::string tmp = link + ".tmp";
+  unlink(tmp.c_str());
+  if (symlink(dir.substr(dir.rfind('/') + 1).c_str(), tmp.c_str()) == 0) rename(tmp.c_str(), link.c_str());
+  if (!ok) {
+    log_error("detach: " + error);
+    return kErrWrite;
+  }
+  return 0;
+}
+
+int do_detach(Tool& t, bool join) {
+  IgnoreScope ignore;
+  std::unique_lock<std::mutex> lock(t.mu);
+  if (!t.attached) return kErrState;
+  // The collector takes t.mu: let it go first.
+  lock.unlock();
+  stop_collector(t, join);
+  lock.lock();
+  // Order matters: no new samples (timers gone, pending signals discarded,
+  // disposition restored), no new calls (GOT restored), then wait for the
+  // records in flight, then read everything.
+  t.sampler.stop();
+  if (t.cfg.tracing) t.tracer.restore(&t.profile.warnings);
+  session_stop_and_quiesce();
+  t.profile.end_ns = now_ns();
+  for (int32_t tid : list_threads()) {
+    std::string name = thread_name(tid);
+    if (!name.empty() && tid != t.collector_tid) t.profile.threads[tid] = name;
+  }
+  drain(t);
+  // Per-function totals: every call, including those the rings dropped.
+  std::unordered_map<std::string, FuncStat> stats;
+  for (Slot& s : g_slots) {
+    if (s.tid.load() == 0 || !s.ready.load()) continue;
+    t.profile.samples_dropped += s.mem->samples_dropped.load();
+    t.profile.calls_dropped += s.mem->calls_dropped.load();
+    for (uint32_t fn = 0; fn < remora_fn_count && fn < kMaxFuncs; ++fn) {
+      const FuncCounters& c = s.mem->funcs[fn];
+      uint64_t calls = c.calls.load(std::memory_order_relaxed);
+      if (calls == 0) continue;
+      FuncStat& f = stats[remora_fn_table[fn].reported_as];
+      f.name = remora_fn_table[fn].reported_as;
+      f.calls += calls;
+      f.total_ns += c.total_ns.load(std::memory_order_relaxed);
+      f.max_ns = std::max(f.max_ns, c.max_ns.load(std::memory_order_relaxed));
+    }
+  }
+  for (auto& [_, f] : stats) t.profile.func_stats.push_back(f);
+  // Threads that never recorded anything and are gone have no name: drop
+  // nothing, the timeline only shows tracks with events.
+  t.attached = false;
+  int rc = write_outputs(t);
+  // Free the session's bulk data; the profile shell stays for the next one.
+  t.profile.samples.clear();
+  t.profile.samples.shrink_to_fit();
+  t.profile.calls.clear();
+  t.profile.calls.shrink_to_fit();
+  t.profile.raw_stacks.clear();
+  t.profile.stacks.clear();
+  t.profile.stack_weights.clear();
+  t.stack_ids.clear();
+  return rc;
+}
+
+int tool_init(void*) { return 0; }
+
+void tool_fini(void* data) {
+  auto* t = static_cast<Tool*>(data);
+  // remora/tool.h: tool_fini must not wait for threads. The agent detaches
+  // before calling us; this covers a host that did not.
+  if (t->attached) do_detach(*t, /*join=*/false);
+}
+
+int tool_attach(void* data, const remora_tool_info_t* info) {
+  Tool& t = *static_cast<Tool*>(data);
+  IgnoreScope ignore;
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.attached) {
+    log_error("attach: already attached");
+    return kErrState;
+  }
+  Config cfg;
+  std::string error;
+  if (!parse_config([](const char* name) { return getenv(name); }, &cfg, &error)) {
+    log_error("attach: " + error + " (see docs/tool.md)");
+    return kErrConfig;
+  }
+  if (!make_dirs(cfg.output_path, &error)) {
+    log_error("attach: REMORA_OUTPUT_PATH: " + error);
+    return kErrOutputPath;
+  }
+  pin_self();
+  t.cfg = cfg;
+  Profile& p = t.profile;
+  p = Profile();
+  p.pid = getpid();
+  p.comm = read_small_file("/proc/self/comm");
+  p.session = info != nullptr && info->size >= offsetof(remora_tool_info_t, session) + sizeof info->session
+                  ? info->session
+                  : 0;
+  p.hz = cfg.hz;
+  p.sampling = cfg.sampling;
+  p.tracing = cfg.tracing;
+  p.fold_threads = cfg.fold_threads;
+  p.fn_names.clear();
+  for (unsigned i = 0; i < remora_fn_count; ++i) p.fn_names.push_back(remora_fn_table[i].reported_as);
+  t.live.clear();
+  t.tick = 0;
+  t.in_fork_child = false;
+  t.stack_ids.clear();
+
+  session_begin();
+  p.start_ns = now_ns();
+  if (cfg.sampling && !t.sampler.start(cfg.hz, cfg.signal, &error)) {
+    session_stop_and_quiesce();
+    log_error("attach: sampling: " + error);
+    return kErrSampling;
+  }
+  p.signal = t.sampler.signal_number();
+  if (cfg.tracing) {
+    std::vector<std::string> warnings;
+    t.tracer.configure(cfg.functions, &warnings);
+    for (const auto& w : warnings) log_error("attach: " + w);
+    p.warnings.insert(p.warnings.end(), warnings.begin(), warnings.end());
+    p.patched_slots = static_cast<uint32_t>(t.tracer.patch(&p.warnings));
+  }
+  t.attached = true;
+  scan_threads(t, true);
+  if (!start_collector(t)) {
+    // Without the collector new threads are not sampled and rings are only
+    // drained at detach: degraded, not fatal.
+    p.warnings.push_back("could not start the collector thread: new threads are not sampled");
+  } else {
+    // Its tid, to leave it out of the scans (it blocks every signal anyway).
+    for (int i = 0; i < 2000 && __atomic_load_n(&t.collector_tid, __ATOMIC_ACQUIRE) == 0; ++i) {
+      struct timespec ts = {0, 500000};
+      nanosleep(&ts, nullptr);
+    }
+    t.sampler.remove_thread(t.collector_tid);
+    t.profile.threads.erase(t.collector_tid);
+  }
+  return 0;
+}
+
+int tool_detach(void* data, const remora_tool_info_t*) {
+  Tool& t = *static_cast<Tool*>(data);
+  return do_detach(t, /*join=*/true);
+}
+
+// fork(): hold the state still while the process is copied; in the child,
+// the collector thread and the timers did not come along.
+void atfork_prepare() {
+  if (g_tool) g_tool->mu.lock();
+}
+void atfork_parent() {
+  if (g_tool) g_tool->mu.unlock();
+}
+void atfork_child() {
+  if (!g_tool) return;
+  Tool& t = *g_tool;
+  t.mu.unlock();
+  if (!t.attached) return;
+  t.in_fork_child = true;
+  if (t.collector_running) {
+    t.collector_running = false;  // no thread to join here
+  }
+  t.sampler.forget_timers();
+  t.live.clear();
+  // The child's profile starts now; the parent's records are the parent's.
+  t.profile.pid = getpid();
+  t.profile.start_ns = now_ns();
+  t.profile.samples.clear();
+  t.profile.calls.clear();
+  t.profile.stack_weights.clear();
+  t.profile.slowest_calls.clear();
+}
+
+remora_tool_configure_result_t g_conf = {sizeof(remora_tool_configure_result_t), 0, tool_init, tool_fini, nullptr};
+remora_tool_configure_attach_result_t g_conf_attach = {sizeof(remora_tool_configure_attach_result_t), 0,
+                                                       tool_attach, tool_detach};
+
+}  // namespace
+}  // namespace remora_tool
+
+using namespace remora_tool;
+
+REMORA_TOOL_EXPORT remora_tool_configure_result_t* remora_configure(uint32_t, const remora_tool_info_t*) {
+  if (g_tool == nullptr) {
+    g_tool = new Tool();
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+  }
+  g_conf.tool_data = g_tool;
+  return &g_conf;
+}
+
+REMORA_TOOL_EXPORT remora_tool_configure_attach_result_t* remora_configure_attach(uint32_t,
+                                                                                  const remora_tool_info_t*) {
+  return &g_conf_attach;
+}
+
+// ---- test-only queries (tests/default_tool) ----
+
+// Calls `cb` for every GOT slot of the current session (or, when detached,
+// of the last one): the slot, the value it held before patching, the
+// wrapper, the function and the object. Returns the number of slots.
+REMORA_TOOL_EXPORT int remora_default_tool_debug_slots(void (*cb)(void* ctx, void** slot, void* original,
+                                                                  void* wrapper, const char* function,
+                                                                  const char* object),
+                                                       void* ctx) {
+  if (g_tool == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(g_tool->mu);
+  const auto& slots = g_tool->attached ? g_tool->tracer.slots() : g_tool->tracer.last_slots();
+  for (const auto& s : slots) cb(ctx, s.slot, s.original, s.wrapper, remora_fn_table[s.fn].symbol, s.object.c_str());
+  return static_cast<int>(slots.size());
+}
+
+// The sampling signal of the current or last session (0: none yet).
+REMORA_TOOL_EXPORT int remora_default_tool_debug_signal(void) {
+  return g_tool ? g_tool->sampler.signal_number() : 0;
+}
