@@ -5,7 +5,7 @@
 #   make deps    install missing Debian packages (apt-get; nothing if all present)
 #   make         configure and build into $(BUILD_DIR) (RelWithDebInfo)
 #   make test    build, then run every test with ctest
-#   make demo    build, then `remora call` on the bundled sample service
+#   make demo    build, then `remora attach` (the default tool) on the bundled sample service
 #   make bench   build, then run remora-bench-call and print its results
 #   make format  clang-format every C/C++ source in place
 #   make clean   remove the build trees

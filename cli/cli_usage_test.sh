@@ -41,6 +41,25 @@ expect 1 "^remora: error: unknown command 'nosuchcommand'" -- nosuchcommand
 # pid_max is at most 2^22, so this pid never exists.
 expect 2 '^remora: error: '                 -- call -p 2147483646 getpid
 
+# attach, detach, status, run: their help and command-line errors. The live
+# paths are tested by tests/cli/cli_test.py.
+expect 0 'Usage: remora attach \[OPTIONS\]'   -- attach --help
+expect 0 '13  not attached'                 -- detach --help
+expect 0 'LISTENER'                         -- status --help
+expect 0 'Usage: remora run \[OPTIONS\] \[--\] CMD \[ARG\.\.\.\]' -- run --help
+expect 1 '^remora: error: .*pid'            -- attach
+expect 1 '^remora: error: .*pid'            -- detach --tree
+expect 1 '^remora: error: .*pid'            -- status
+expect 1 '^remora: error: .*excludes'       -- attach -p 1 --keep -d 100
+expect 1 '^remora: error: '                 -- attach -p 1 --attach-children=maybe
+expect 1 '^remora: error: '                 -- attach -p 1 -d 0
+expect 1 '^remora: error: missing CMD'      -- run
+expect 1 '^remora: error: missing CMD'      -- run --no-tool --
+expect 1 '^remora: error: .*NAME=VALUE'     -- attach -p 1 -e NOEQUALS
+expect 2 '^remora: error: '                 -- status -p 2147483646
+expect 2 '^remora: error: '                 -- detach -p 2147483646
+expect 2 '^remora: error: '                 -- attach -p 2147483646 -t /bin/sh -d 10
+
 if [[ $fails -ne 0 ]]; then
   echo "$fails check(s) failed"
   exit 1

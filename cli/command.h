@@ -23,6 +23,17 @@ struct Dispatch {
 
 // `remora call -p PID [-T TID] [--timeout MSEC] [--ret TYPE] [LIB:]SYMBOL [ARG...]`
 void add_call_command(CLI::App& root, Dispatch& dispatch);
+// `remora attach -p PID [-t LIB[:LIB...]] [-d MSEC] [--attach-children=BOOL] [-e NAME=VALUE]... [--keep]`
+void add_attach_command(CLI::App& root, Dispatch& dispatch);
+// `remora detach -p PID [--tree]`
+void add_detach_command(CLI::App& root, Dispatch& dispatch);
+// `remora status -p PID [--tree]`
+void add_status_command(CLI::App& root, Dispatch& dispatch);
+// `remora run [-t LIB[:LIB...]] [-e NAME=VALUE]... [--no-tool] -- CMD [ARG...]`
+void add_run_command(CLI::App& root, Dispatch& dispatch);
+
+// `remora events (-p PID | -- CMD [ARGS...]) [--follow] [--timeout MSEC]`
+void add_events_command(CLI::App& root, Dispatch& dispatch);
 
 // Prints "remora: error: <message>" to stderr (the one error format of the CLI).
 void print_error(const std::string& message);

@@ -24,7 +24,7 @@ void print_error(const std::string& message) {
 int main(int argc, char** argv) {
   using namespace remora::cli;
   CLI::App app{
-      "Remora: make running processes call functions, and (soon) attach tools to them.\n"
+      "Remora: attach tools to running processes and process trees, and make them call functions.\n"
       "Docs: docs/cli.md",
       "remora"};
   app.set_version_flag("--version", REMORA_VERSION);
@@ -36,6 +36,11 @@ int main(int argc, char** argv) {
 
   Dispatch dispatch;
   add_call_command(app, dispatch);
+  add_attach_command(app, dispatch);
+  add_detach_command(app, dispatch);
+  add_status_command(app, dispatch);
+  add_run_command(app, dispatch);
+  add_events_command(app, dispatch);
 
   // CLI11 reports through exceptions; they stop here. The library under us
   // never throws (style.md, "Errors").

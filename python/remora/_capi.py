@@ -241,9 +241,16 @@ def find_library(attach_library: str | os.PathLike | None = None) -> str:
                     "or give the path of libremora.so (or of librocprofiler-sdk-rocattach.so)",
                 )
             return path
-    candidate = _PACKAGE_DIR.parent.parent / "build" / "lib" / REMORA_FILE
-    if candidate.exists():
-        return str(candidate)
+    # A source checkout (python/remora -> build/lib), then an installed tree
+    # (share/remora/python/remora -> lib, and the multiarch lib dir).
+    prefix = _PACKAGE_DIR.parent.parent.parent.parent
+    for candidate in (
+        _PACKAGE_DIR.parent.parent / "build" / "lib" / REMORA_FILE,
+        prefix / "lib" / REMORA_FILE,
+        *sorted(prefix.glob("lib/*-linux-gnu/" + REMORA_FILE)),
+    ):
+        if candidate.exists():
+            return str(candidate)
     return REMORA_SONAME
 
 

@@ -224,6 +224,10 @@ bool start_collector(Tool& t) {
   t.stop.store(false);
   t.collector_tid = 0;
   if (t.wake_fd < 0) t.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  // Consume a wake-up left by the previous session's stop: a readable
+  // eventfd would make the new collector's poll() return at once, forever.
+  uint64_t stale = 0;
+  (void)!read(t.wake_fd, &stale, sizeof stale);
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);  // the thread inherits "everything blocked"

@@ -1,0 +1,410 @@
+// `remora attach`: attaches tools to a process (and, by default, its whole
+// tree) through the in-target agent, keeps them attached for -d MSEC or until
+// Enter / SIGINT / SIGTERM, detaches them, and for the default tool prints
+// what it found. attach::Controller does the work; this file is the
+// conversation with the user.
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "attach/attach.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/session_args.h"
+#include "cli/session_support.h"
+
+namespace remora::cli {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct AttachCommandOptions {
+  pid_t pid = 0;
+  std::string tools;
+  bool tools_given = false;
+  long duration_ms = 0;
+  bool duration_given = false;
+  bool children = true;
+  std::vector<std::string> env;
+  bool keep = false;
+  long timeout_ms = 10000;
+};
+
+int fail(const Error& e) {
+  print_error(e.to_string());
+  return to_int(exit_code_for(e.code()));
+}
+
+std::string tool_names(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const auto& p : paths) {
+    if (!out.empty()) out += ", ";
+    out += p.substr(p.rfind('/') + 1);
+  }
+  return out;
+}
+
+// One attached process while the tools run: its pidfd says when it exits.
+struct Attached {
+  pid_t pid = 0;
+  std::string comm;
+  UniqueFd pidfd;
+  bool exited = false;
+};
+
+enum class StopReason { kDuration, kSignal, kEnter, kAllExited };
+
+// The live part: waits for the end of the session while showing progress.
+// On a terminal one line is redrawn in place; otherwise plain lines, every
+// second for the first ten, then every ten seconds, then every minute.
+class Waiter {
+ public:
+  Waiter(StopSignals& signals, std::vector<Attached>& procs,
+         std::optional<std::chrono::milliseconds> duration)
+      : signals_(signals),
+        procs_(procs),
+        duration_(duration),
+        tty_(::isatty(STDOUT_FILENO) == 1),
+        watch_stdin_(stdin_is_our_terminal()) {}
+
+  // Enter is read only from a terminal whose foreground we are: a
+  // background remora (`remora attach ... &`) reading it would be stopped
+  // by SIGTTIN with the tools attached.
+  static bool stdin_is_our_terminal() {
+    return ::isatty(STDIN_FILENO) == 1 && ::tcgetpgrp(STDIN_FILENO) == ::getpgrp();
+  }
+
+  StopReason wait(int* signo) {
+    const auto t0 = Clock::now();
+    auto next_tick = t0;
+    for (;;) {
+      const auto now = Clock::now();
+      const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(now - t0);
+      if (duration_ && elapsed >= *duration_) return finish(StopReason::kDuration);
+      if (alive() == 0) return finish(StopReason::kAllExited);
+      if (now >= next_tick) {
+        show(elapsed);
+        next_tick = now + tick_interval(elapsed);
+      }
+      auto until = next_tick;
+      if (duration_) until = std::min(until, t0 + *duration_);
+      int timeout = static_cast<int>(std::max<long>(
+          1, std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count()));
+
+      std::vector<pollfd> fds;
+      fds.push_back({signals_.fd(), POLLIN, 0});
+      if (watch_stdin_) fds.push_back({STDIN_FILENO, POLLIN, 0});
+      std::vector<size_t> which;
+      for (size_t i = 0; i < procs_.size(); ++i) {
+        if (procs_[i].exited || !procs_[i].pidfd) continue;
+        fds.push_back({procs_[i].pidfd.get(), POLLIN, 0});
+        which.push_back(i);
+      }
+      int n = ::poll(fds.data(), fds.size(), timeout);
+      if (n < 0 && errno != EINTR) return finish(StopReason::kSignal);  // cannot wait: end the session
+      if (n <= 0) continue;
+      if (fds[0].revents) {
+        if (auto s = signals_.take()) {
+          *signo = *s;
+          return finish(StopReason::kSignal);
+        }
+      }
+      size_t at = 1;
+      if (watch_stdin_) {
+        if (fds[1].revents) {
+          char buf[256];
+          ssize_t r = ::read(STDIN_FILENO, buf, sizeof buf);
+          if (r <= 0) {
+            // Ctrl-D on the terminal (EOF) says "done" too; an error: stop listening.
+            if (r == 0) return finish(StopReason::kEnter);
+            watch_stdin_ = false;
+          } else if (std::string_view(buf, static_cast<size_t>(r)).find('\n') != std::string_view::npos) {
+            return finish(StopReason::kEnter);
+          }
+        }
+        at = 2;
+      }
+      for (size_t k = 0; k < which.size(); ++k) {
+        if (!fds[at + k].revents) continue;
+        Attached& p = procs_[which[k]];
+        p.exited = true;
+        clear_line();
+        std::printf("  process %d (%s) exited; its tools were finalised at exit\n", static_cast<int>(p.pid),
+                    p.comm.c_str());
+        std::fflush(stdout);
+        shown_ = false;
+      }
+    }
+  }
+
+ private:
+  size_t alive() const {
+    size_t n = 0;
+    for (const auto& p : procs_) n += p.exited ? 0 : 1;
+    return n;
+  }
+
+  static std::chrono::milliseconds tick_interval_plain(std::chrono::milliseconds elapsed) {
+    if (elapsed < 10s) return 1s;
+    if (elapsed < 10min) return 10s;
+    return 60s;
+  }
+  std::chrono::milliseconds tick_interval(std::chrono::milliseconds elapsed) const {
+    return tty_ ? std::chrono::milliseconds(100) : tick_interval_plain(elapsed);
+  }
+
+  void show(std::chrono::milliseconds elapsed) {
+    if (!tty_ && elapsed < 500ms) return;  // the "Attached ..." line just said it
+    std::string line = "attached to " + count_noun(alive(), "process", "processes") + ", " +
+                       format_elapsed(elapsed) + " elapsed";
+    if (duration_) line += " of " + format_elapsed(*duration_);
+    if (tty_) {
+      line += watch_stdin_ ? "  (Enter or Ctrl-C detaches)" : "  (Ctrl-C detaches)";
+      std::printf("\r\033[K  %s", line.c_str());
+      shown_ = true;
+    } else {
+      std::printf("  %s\n", line.c_str());
+    }
+    std::fflush(stdout);
+  }
+
+  void clear_line() {
+    if (tty_ && shown_) std::printf("\r\033[K");
+  }
+
+  StopReason finish(StopReason r) {
+    clear_line();
+    shown_ = false;
+    std::fflush(stdout);
+    return r;
+  }
+
+  StopSignals& signals_;
+  std::vector<Attached>& procs_;
+  std::optional<std::chrono::milliseconds> duration_;
+  bool tty_;
+  bool watch_stdin_;
+  bool shown_ = false;
+};
+
+int run_attach(const AttachCommandOptions& o) {
+  auto env = parse_env_list(o.env);
+  if (!env) return fail(env.error());
+  auto tools = select_tools(o.tools_given ? std::optional<std::string>(o.tools) : std::nullopt);
+  if (!tools) return fail(tools.error());
+  // Before anything is attached: a Ctrl-C from now on ends the session
+  // cleanly instead of killing remora half-way.
+  auto signals = StopSignals::install();
+  if (!signals) return fail(signals.error());
+  if (::kill(o.pid, 0) != 0 && errno == ESRCH)
+    return fail(Error(Errc::kNoSuchProcess, "no process " + std::to_string(o.pid)));
+
+  std::string out_root;
+  if (tools->default_tool) {
+    auto root = prepare_output_path(*env, o.pid);
+    if (!root) return fail(root.error());
+    out_root = *root;
+  }
+  attach::AttachOptions opts;
+  opts.tools = tools->paths;
+  opts.env = *env;
+  opts.timeout = std::chrono::milliseconds(o.timeout_ms);
+  opts.lease = !o.keep;
+
+  const std::string root_comm = process_comm(o.pid);
+  std::printf("Attaching %s to process %d (%s)%s...\n", tool_names(tools->paths).c_str(),
+              static_cast<int>(o.pid), root_comm.c_str(), o.children ? " and its children" : "");
+  std::fflush(stdout);
+  const auto wall_start = std::chrono::system_clock::now();
+  attach::Controller ctl;
+  std::vector<attach::ProcessOutcome> outcomes;
+  if (o.children) {
+    auto r = ctl.attach_tree(o.pid, opts);
+    if (!r) return fail(r.error());
+    outcomes = std::move(*r);
+  } else {
+    auto r = ctl.attach(o.pid, opts);
+    if (!r) return fail(r.error());
+    outcomes.push_back(*r);
+  }
+
+  std::vector<Attached> procs;
+  int exit_code = 0;
+  const attach::ProcessOutcome* first_failure = nullptr;
+  print_outcome_header(stdout);
+  for (const auto& oc : outcomes) {
+    Attached a;
+    a.pid = oc.pid;
+    a.comm = oc.pid == o.pid ? root_comm : process_comm(oc.pid);
+    print_outcome(stdout, oc.pid, a.comm, describe_attach(oc));
+    if (oc.ok) {
+      a.pidfd = open_pidfd(oc.pid);
+      procs.push_back(std::move(a));
+    } else if (!is_gone(oc.code) && !first_failure) {
+      first_failure = &oc;
+    }
+  }
+  std::fflush(stdout);
+  if (first_failure) exit_code = to_int(exit_code_for(first_failure->code));
+  if (procs.empty()) {
+    const auto& why = first_failure ? *first_failure : outcomes.front();
+    print_error("nothing was attached: " + why.message);
+    return to_int(exit_code_for(why.code == Errc::kOk ? Errc::kInternal : why.code));
+  }
+
+  if (o.keep) {
+    std::printf(
+        "\nThe tools stay attached to %s after remora exits (--keep: no lease).\n"
+        "Detach later with:\n  remora detach -p %d%s\n",
+        count_noun(procs.size(), "process", "processes").c_str(), static_cast<int>(o.pid),
+        o.children ? " --tree" : "");
+    if (tools->default_tool)
+      std::printf("The default tool writes its output under %s when it detaches.\n", out_root.c_str());
+    std::fflush(stdout);
+    return exit_code;
+  }
+
+  std::optional<std::chrono::milliseconds> duration;
+  if (o.duration_given) duration = std::chrono::milliseconds(o.duration_ms);
+  std::printf("Attached to %s; %s.\n", count_noun(procs.size(), "process", "processes").c_str(),
+              duration ? ("detaching after " + format_elapsed(*duration)).c_str()
+                       : (Waiter::stdin_is_our_terminal() ? "press Enter or Ctrl-C to detach"
+                                                          : "send SIGINT or SIGTERM to detach"));
+  std::fflush(stdout);
+
+  int signo = 0;
+  Waiter waiter(*signals, procs, duration);
+  StopReason reason = waiter.wait(&signo);
+  switch (reason) {
+    case StopReason::kDuration:
+      std::printf("Detaching after %s.\n", format_elapsed(*duration).c_str());
+      break;
+    case StopReason::kSignal:
+      std::printf("Got SIG%s: detaching.\n", signo ? sigabbrev_np(signo) : "?");
+      break;
+    case StopReason::kEnter: std::printf("Detaching.\n"); break;
+    case StopReason::kAllExited: std::printf("Every attached process exited.\n"); break;
+  }
+  std::fflush(stdout);
+
+  size_t still = 0;
+  for (auto& p : procs) {
+    if (!p.exited && p.pidfd && pidfd_exited(p.pidfd.get())) p.exited = true;
+    still += p.exited ? 0 : 1;
+  }
+  if (still > 0) {
+    const auto t0 = Clock::now();
+    std::vector<attach::ProcessOutcome> detached;
+    const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+    if (o.children) {
+      auto r = ctl.detach_tree(o.pid, timeout);
+      if (r) {
+        detached = std::move(*r);
+      } else {
+        print_error(r.error().to_string());
+        exit_code = to_int(exit_code_for(r.error().code()));
+      }
+    } else {
+      attach::ProcessOutcome d;
+      d.pid = o.pid;
+      auto r = ctl.detach(o.pid, timeout);
+      d.ok = r.ok();
+      if (!r) {
+        d.code = r.error().code();
+        d.message = r.error().to_string();
+      }
+      detached.push_back(d);
+    }
+    size_t ok = 0;
+    bool header = false;
+    for (const auto& d : detached) {
+      const Attached* p = nullptr;
+      for (const auto& a : procs)
+        if (a.pid == d.pid) p = &a;
+      if (d.ok) {
+        ++ok;
+        continue;
+      }
+      bool gone = is_gone(d.code) || (p && p->pidfd && pidfd_exited(p->pidfd.get()));
+      if (gone) continue;  // exited during the session: said so already
+      if (!header) {
+        std::printf("Detach failed for:\n");
+        header = true;
+      }
+      print_outcome(stdout, d.pid, p ? p->comm : process_comm(d.pid), "failed: " + d.message);
+      exit_code = to_int(exit_code_for(d.code));
+    }
+    std::printf("Detached from %s in %ld ms.\n", count_noun(ok, "process", "processes").c_str(),
+                static_cast<long>(since(t0).count()));
+    std::fflush(stdout);
+  }
+
+  if (tools->default_tool) {
+    std::vector<pid_t> pids;
+    for (const auto& p : procs) pids.push_back(p.pid);
+    print_outputs(stdout, out_root, find_outputs(out_root, pids, wall_start));
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+void add_attach_command(CLI::App& root, Dispatch& dispatch) {
+  auto opts = std::make_shared<AttachCommandOptions>();
+  CLI::App* sub =
+      root.add_subcommand("attach", "Attach tools to a running process and its children for a while");
+  sub->add_option("-p,--pid", opts->pid,
+                  "Process to attach to (with its whole tree unless --attach-children=false)")
+      ->required()
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  auto* tools =
+      sub->add_option("-t,--tools", opts->tools,
+                      "Tool libraries LIB[:LIB...] (default: libremora-tool.so next to the agent, or "
+                      "$REMORA_TOOL_PATH)");
+  auto* dur = sub->add_option("-d,--duration", opts->duration_ms,
+                              "Detach after MSEC milliseconds (default: on Enter, SIGINT or SIGTERM)")
+                  ->check(CLI::Range(1L, 7L * 24 * 3600 * 1000));
+  sub->add_option("--attach-children", opts->children,
+                  "Attach the whole tree under PID (true) or PID alone (false)")
+      ->capture_default_str();
+  sub->add_option("-e,--env", opts->env, "Set NAME=VALUE in each target before the tools load (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_flag("--keep", opts->keep,
+                "Attach, then exit leaving the tools attached (no lease, no detach; use remora detach later)")
+      ->excludes(dur);
+  sub->add_option("--timeout", opts->timeout_ms, "Deadline for each attach or detach, in milliseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 3600L * 1000L));
+  sub->footer(
+      "While attached, remora holds a lease: if it dies, the agent detaches the tools itself.\n"
+      "The default tool writes under REMORA_OUTPUT_PATH (-e; default ./remora-output, relative\n"
+      "paths are taken from the target's working directory); remora prints its summary.\n"
+      "\n"
+      "Examples:\n"
+      "  remora attach -p 4242 -d 5000\n"
+      "  remora attach -p 4242 -t ./libmytool.so -e MYTOOL_LEVEL=2 --attach-children=false\n"
+      "  remora attach -p 4242 --keep          # later: remora detach -p 4242 --tree\n"
+      "\n" +
+      exit_code_footer());
+  sub->callback([opts, tools, dur, &dispatch] {
+    opts->tools_given = tools->count() > 0;
+    opts->duration_given = dur->count() > 0;
+    dispatch.run = [opts] { return run_attach(*opts); };
+  });
+}
+
+}  // namespace remora::cli

@@ -1,0 +1,119 @@
+// `remora detach`: detaches whatever tools are attached to a process (or to
+// every process of its tree), whoever attached them: the truth is in the
+// agent, so this works from any shell, e.g. after `remora attach --keep`.
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "attach/attach.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/session_args.h"
+#include "cli/session_support.h"
+
+namespace remora::cli {
+namespace {
+
+struct DetachCommandOptions {
+  pid_t pid = 0;
+  bool tree = false;
+  long timeout_ms = 10000;
+};
+
+int fail(const Error& e) {
+  print_error(e.to_string());
+  return to_int(exit_code_for(e.code()));
+}
+
+// What a process had attached, read before the detach (the agent forgets it).
+std::string tools_of(pid_t pid) {
+  auto st = attach::Controller::status(pid);
+  return st && st->attached ? st->tools : std::string();
+}
+
+int run_detach(const DetachCommandOptions& o) {
+  // Signals wait until the detach is over (see StopSignals).
+  auto signals = StopSignals::install();
+  if (!signals) return fail(signals.error());
+  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  attach::Controller ctl;
+  if (!o.tree) {
+    std::string tools = tools_of(o.pid);
+    auto r = ctl.detach(o.pid, timeout);
+    if (!r) {
+      if (r.error().code() == Errc::kNotAttached)
+        print_error(r.error().to_string() + " (remora status -p " + std::to_string(o.pid) +
+                    " shows the agent's state; --tree detaches the children too)");
+      else
+        print_error(r.error().to_string());
+      return to_int(exit_code_for(r.error().code()));
+    }
+    std::printf("Detached %s from process %d (%s).\n", tools.empty() ? "the tools" : tools.c_str(),
+                static_cast<int>(o.pid), process_comm(o.pid).c_str());
+    return 0;
+  }
+
+  auto pids = attach::Controller::snapshot_tree(o.pid);
+  if (!pids) return fail(pids.error());
+  std::vector<std::string> comms;
+  for (pid_t p : *pids) comms.push_back(process_comm(p));
+  auto r = ctl.detach_tree(o.pid, timeout);
+  if (!r) return fail(r.error());
+  size_t detached = 0, not_attached = 0;
+  int exit_code = 0;
+  print_outcome_header(stdout);
+  for (const auto& d : *r) {
+    std::string comm = "?";
+    for (size_t i = 0; i < pids->size(); ++i)
+      if ((*pids)[i] == d.pid) comm = comms[i];
+    std::string result;
+    if (d.ok) {
+      ++detached;
+      result = "detached";
+    } else if (d.code == Errc::kNotAttached) {
+      ++not_attached;
+      result = "not attached";
+    } else if (is_gone(d.code)) {
+      result = "exited";
+    } else {
+      result = "failed: " + d.message;
+      if (exit_code == 0) exit_code = to_int(exit_code_for(d.code));
+    }
+    print_outcome(stdout, d.pid, comm, result);
+  }
+  std::printf("Detached from %s of %s.\n", count_noun(detached, "process", "processes").c_str(),
+              count_noun(r->size(), "process", "processes").c_str());
+  std::fflush(stdout);
+  if (exit_code == 0 && detached == 0) {
+    print_error("nothing is attached in the tree of process " + std::to_string(o.pid));
+    exit_code = to_int(ExitCode::kSessionState);
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+void add_detach_command(CLI::App& root, Dispatch& dispatch) {
+  auto opts = std::make_shared<DetachCommandOptions>();
+  CLI::App* sub = root.add_subcommand("detach", "Detach the tools attached to a process (or its tree)");
+  sub->add_option("-p,--pid", opts->pid, "Process to detach from")
+      ->required()
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  sub->add_flag("--tree", opts->tree, "Detach from every process of the tree under PID");
+  sub->add_option("--timeout", opts->timeout_ms, "Deadline for each detach, in milliseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 3600L * 1000L));
+  sub->footer(
+      "Works whoever attached the tools (remora attach --keep, another program): the\n"
+      "agent in each process knows. With --tree, processes with nothing attached are\n"
+      "listed as such; exit code 13 only when nothing at all was attached.\n"
+      "\n" +
+      exit_code_footer());
+  sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_detach(*opts); }; });
+}
+
+}  // namespace remora::cli

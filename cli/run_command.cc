@@ -1,0 +1,271 @@
+// `remora run`: starts a program with Remora's agent preloaded (so its
+// listener exists from the first instruction of main), attaches the tools
+// as soon as the listener is up, keeps them attached until the program
+// exits, and exits with the program's status. remora's own messages go to
+// stderr: stdout belongs to the program.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "attach/attach.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/session_args.h"
+#include "cli/session_support.h"
+
+extern char** environ;
+
+namespace remora::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Shell conventions (and those of env, timeout, nohup): the program could
+// not be found, or was found and could not be executed.
+constexpr int kExitNotFound = 127;
+constexpr int kExitCannotExecute = 126;
+
+struct RunCommandOptions {
+  std::string tools;
+  bool tools_given = false;
+  std::vector<std::string> env;
+  bool no_tool = false;
+  long timeout_ms = 10000;
+};
+
+class RunFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
+    while (!usage.empty() && usage.back() == '\n') usage.pop_back();
+    return usage + " [--] CMD [ARG...]\n";
+  }
+};
+
+int fail(const Error& e) {
+  print_error(e.to_string());
+  return to_int(exit_code_for(e.code()));
+}
+
+void note(const std::string& text) {
+  std::fprintf(stderr, "remora: %s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+// CMD's environment: ours, LD_PRELOAD with the agent appended, then -e.
+std::vector<std::string> child_environment(const std::string& agent, const EnvList& extra) {
+  std::vector<std::string> env;
+  std::string preload = agent;
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    if (kv.starts_with("LD_PRELOAD=")) {
+      std::string old(kv.substr(11));
+      if (!old.empty()) preload = old + ":" + agent;
+      continue;
+    }
+    bool overridden = false;
+    for (const auto& [n, v] : extra)
+      overridden = overridden || (kv.starts_with(n) && kv.size() > n.size() && kv[n.size()] == '=');
+    if (!overridden) env.emplace_back(kv);
+  }
+  env.push_back("LD_PRELOAD=" + preload);
+  for (const auto& [n, v] : extra) env.push_back(n + "=" + v);
+  return env;
+}
+
+// Forwards a stop signal to CMD, unless the terminal already sent it to
+// CMD's process group (a Ctrl-C reaches every process of the foreground
+// group, with si_code SI_KERNEL): then CMD has it already.
+void forward(pid_t child, int signo, int si_code) {
+  if (si_code == SI_KERNEL && ::getpgid(child) == ::getpgrp()) return;
+  ::kill(child, signo);
+}
+
+int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
+  if (words.empty()) {
+    print_error("missing CMD (usage: remora run [-t LIB[:LIB...]] [-e NAME=VALUE]... -- CMD [ARG...])");
+    return to_int(ExitCode::kUsage);
+  }
+  auto env = parse_env_list(o.env);
+  if (!env) return fail(env.error());
+  auto agent = attach::find_agent_library();
+  if (!agent) return fail(agent.error());
+  std::optional<ToolSelection> tools;
+  if (!o.no_tool) {
+    auto t = select_tools(o.tools_given ? std::optional<std::string>(o.tools) : std::nullopt);
+    if (!t) {
+      print_error(t.error().to_string() + (o.tools_given ? "" : " (or --no-tool to preload the agent only)"));
+      return to_int(exit_code_for(t.error().code()));
+    }
+    tools = std::move(*t);
+  }
+  std::string out_root;
+  if (tools && tools->default_tool) {
+    // CMD starts in our working directory: resolve against it.
+    auto root = prepare_output_path(*env, ::getpid());
+    if (!root) return fail(root.error());
+    out_root = *root;
+  }
+  auto signals = StopSignals::install();
+  if (!signals) return fail(signals.error());
+
+  std::vector<std::string> envs = child_environment(*agent, *env);
+  std::vector<char*> envp, argv;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = words;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return fail(Error::from_errno("pipe2"));
+  const auto wall_start = std::chrono::system_clock::now();
+  pid_t child = ::fork();
+  if (child < 0) return fail(Error::from_errno("fork"));
+  if (child == 0) {
+    // Only async-signal-safe calls from here to exec.
+    ::close(report[0]);
+    ::sigprocmask(SIG_SETMASK, &signals->old_mask(), nullptr);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    (void)!::write(report[1], &err, sizeof err);
+    ::_exit(kExitNotFound);
+  }
+  ::close(report[1]);
+  int exec_errno = 0;
+  ssize_t got;
+  do {
+    got = ::read(report[0], &exec_errno, sizeof exec_errno);
+  } while (got < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    print_error("cannot run '" + words[0] + "': " + std::strerror(exec_errno));
+    return exec_errno == ENOENT ? kExitNotFound : kExitCannotExecute;
+  }
+  UniqueFd pidfd = open_pidfd(child);
+  note("started " + shell_quote(words[0]) + " (pid " + std::to_string(child) + ") with " + *agent +
+       " preloaded");
+
+  attach::Controller ctl;
+  bool exited = false;
+  // Waits up to `until` for a signal (forwarded) or CMD's exit.
+  auto wait_some = [&](std::optional<Clock::time_point> until) {
+    pollfd fds[2] = {{signals->fd(), POLLIN, 0}, {pidfd.get(), POLLIN, 0}};
+    int timeout = -1;
+    if (until)
+      timeout = static_cast<int>(std::max<long>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(*until - Clock::now()).count()));
+    int n = ::poll(fds, pidfd ? 2 : 1, timeout);
+    if (n <= 0) return;
+    int code = 0;
+    while (auto s = signals->take(&code)) forward(child, *s, code);
+    if (pidfd && fds[1].revents) exited = true;
+  };
+
+  if (tools) {
+    // The agent's constructor starts the listener: wait for it to show in
+    // the agent's info block (read without stopping anything).
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
+    bool ready = false;
+    while (!exited && !ready) {
+      auto st = attach::Controller::status(child);
+      if (st && st->agent_loaded && st->listener_tid != 0) {
+        ready = true;
+        break;
+      }
+      if (Clock::now() >= deadline) break;
+      wait_some(std::min(deadline, Clock::now() + std::chrono::milliseconds(5)));
+    }
+    if (!ready && !exited) {
+      print_error("the agent's listener did not start in pid " + std::to_string(child) + " within " +
+                  std::to_string(o.timeout_ms) +
+                  " ms (a statically linked or setuid program ignores LD_PRELOAD); it runs without tools");
+    } else if (ready) {
+      attach::AttachOptions opts;
+      opts.tools = tools->paths;
+      opts.env = *env;
+      opts.timeout = std::chrono::milliseconds(o.timeout_ms);
+      opts.lease = true;  // if remora dies, the tools detach (and write their output)
+      opts.agent_path = *agent;
+      auto r = ctl.attach(child, opts);
+      if (r) {
+        std::string names;
+        for (const auto& p : tools->paths) names += (names.empty() ? "" : ", ") + p.substr(p.rfind('/') + 1);
+        note("attached " + names + " to pid " + std::to_string(child) +
+             "; they stay attached until it exits");
+      } else if (!exited && !pidfd_exited(pidfd.get())) {
+        print_error(r.error().to_string() + "; pid " + std::to_string(child) + " runs on without tools");
+      }
+    }
+  }
+
+  while (!exited) wait_some(std::nullopt);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+  if (WIFSIGNALED(status))
+    note("pid " + std::to_string(child) + " was killed by SIG" + sigabbrev_np(WTERMSIG(status)));
+  if (tools && tools->default_tool)
+    print_outputs(stderr, out_root, find_outputs(out_root, {child}, wall_start));
+  return code;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& root, Dispatch& dispatch) {
+  auto opts = std::make_shared<RunCommandOptions>();
+  CLI::App* sub = root.add_subcommand(
+      "run", "Start a program with the agent preloaded and tools attached until it exits");
+  sub->prefix_command();
+  auto* tools =
+      sub->add_option("-t,--tools", opts->tools,
+                      "Tool libraries LIB[:LIB...] (default: libremora-tool.so next to the agent, or "
+                      "$REMORA_TOOL_PATH)");
+  sub->add_option("-e,--env", opts->env, "Set NAME=VALUE in the program's environment (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_flag("--no-tool", opts->no_tool, "Preload the agent only (attach later with remora attach -p PID)")
+      ->excludes(tools);
+  sub->add_option("--timeout", opts->timeout_ms,
+                  "Deadline for the agent's listener to start and for the attach, in milliseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 3600L * 1000L));
+  sub->footer(
+      "CMD runs with LD_PRELOAD=<libremora-agent.so> (appended to an existing LD_PRELOAD)\n"
+      "and remora's signal mask; SIGINT, SIGTERM and SIGHUP sent to remora are forwarded\n"
+      "to it. remora writes its own messages to stderr and exits with CMD's status\n"
+      "(128+N when a signal N killed it; 127: CMD not found, 126: not executable). An\n"
+      "attach that fails is reported, and CMD runs on without tools.\n"
+      "\n"
+      "Examples:\n"
+      "  remora run -- ./server --port 8080\n"
+      "  remora run -t ./libmytool.so -e MYTOOL_LEVEL=2 -- make -j8\n"
+      "\n" +
+      exit_code_footer());
+  sub->formatter(std::make_shared<RunFormatter>());
+  sub->callback([opts, sub, tools, &root, &dispatch] {
+    opts->tools_given = tools->count() > 0;
+    std::vector<std::string> words = sub->remaining();
+    if (words.empty()) words = root.remaining();
+    dispatch.run = [opts, words = std::move(words)] { return run_run(*opts, words); };
+  });
+}
+
+}  // namespace remora::cli

@@ -1,0 +1,249 @@
+#include "cli/session_support.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "cli/session_args.h"
+#include "procfs/procfs.h"
+
+namespace remora::cli {
+namespace {
+
+bool readable_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), R_OK) == 0;
+}
+
+std::string real_or_same(const std::string& p) {
+  char real[PATH_MAX];
+  return ::realpath(p.c_str(), real) ? std::string(real) : p;
+}
+
+std::string base_name(const std::string& p) {
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+std::string our_cwd() {
+  char buf[PATH_MAX];
+  return ::getcwd(buf, sizeof buf) ? std::string(buf) : std::string("/");
+}
+
+}  // namespace
+
+Result<ToolSelection> select_tools(const std::optional<std::string>& spec) {
+  ToolSelection sel;
+  if (spec) {
+    auto list = REMORA_TRY(split_tool_list(*spec));
+    for (const auto& t : list) {
+      if (!readable_file(t))
+        return Error(Errc::kInvalidArgument,
+                     "tool library " + t +
+                         " not found (or not a readable file); -t takes paths, e.g. -t ./libmytool.so");
+      sel.paths.push_back(real_or_same(t));
+    }
+  } else {
+    std::string path;
+    if (const char* env = std::getenv("REMORA_TOOL_PATH"); env && *env) {
+      path = env;
+      if (!readable_file(path))
+        return Error(Errc::kToolFailed, "the default tool is missing: REMORA_TOOL_PATH=" + path +
+                                            " is not a readable file; fix REMORA_TOOL_PATH or pass -t LIB");
+    } else {
+      auto agent = attach::find_agent_library();
+      if (!agent) return std::move(agent).error();
+      std::string dir = agent->substr(0, agent->rfind('/'));
+      path = dir + "/" + kDefaultToolName;
+      if (!readable_file(path))
+        return Error(Errc::kToolFailed,
+                     std::string("the default tool ") + kDefaultToolName + " is missing (looked for " + path +
+                         ", next to the agent); build it (make) or pass -t LIB to name a tool");
+    }
+    sel.paths.push_back(real_or_same(path));
+  }
+  for (const auto& p : sel.paths)
+    if (base_name(p) == kDefaultToolName) sel.default_tool = true;
+  return sel;
+}
+
+Result<EnvList> parse_env_list(const std::vector<std::string>& items) {
+  EnvList env;
+  for (const auto& item : items) {
+    auto kv = REMORA_TRY(parse_env_assignment(item));
+    set_env(env, std::move(kv.first), std::move(kv.second));
+  }
+  return env;
+}
+
+Result<std::string> prepare_output_path(EnvList& env, pid_t pid) {
+  const std::string* given = find_env(env, "REMORA_OUTPUT_PATH");
+  std::string root;
+  if (given && !given->empty()) {
+    if ((*given)[0] == '/') {
+      root = absolute_path(*given, "/");
+    } else {
+      // Resolve as the target would: against its own working directory.
+      char buf[PATH_MAX];
+      std::string link = "/proc/" + std::to_string(pid) + "/cwd";
+      ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
+      if (n <= 0)
+        return Error::from_errno("read the working directory of process " + std::to_string(pid) + " (" +
+                                 link + ") to resolve REMORA_OUTPUT_PATH=" + *given +
+                                 "; pass an absolute path");
+      buf[n] = '\0';
+      root = absolute_path(*given, buf);
+    }
+  } else {
+    root = our_cwd() + "/remora-output";
+  }
+  set_env(env, "REMORA_OUTPUT_PATH", root);
+  return root;
+}
+
+std::string process_comm(pid_t pid) {
+  auto text = procfs::read_text("/proc/" + std::to_string(pid) + "/comm");
+  if (!text) return "?";
+  std::string s = *text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  return s.empty() ? "?" : s;
+}
+
+std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<pid_t>& pids,
+                                    std::chrono::system_clock::time_point since_time) {
+  struct Found {
+    OutputDir dir;
+    struct timespec mtime;
+  };
+  std::vector<Found> found;
+  // Directory timestamps have the file system's granularity, and the tool
+  // names its directory from its own clock: allow a second of slack.
+  const time_t floor = std::chrono::system_clock::to_time_t(since_time) - 1;
+  if (DIR* d = ::opendir(root.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      pid_t p = output_dir_pid(e->d_name);
+      if (p == 0) continue;
+      std::string path = root + "/" + e->d_name;
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+      if (st.st_mtim.tv_sec < floor) continue;
+      found.push_back({{p, path}, st.st_mtim});
+    }
+    ::closedir(d);
+  }
+  auto newer = [](const Found& a, const Found& b) {
+    if (a.mtime.tv_sec != b.mtime.tv_sec) return a.mtime.tv_sec > b.mtime.tv_sec;
+    if (a.mtime.tv_nsec != b.mtime.tv_nsec) return a.mtime.tv_nsec > b.mtime.tv_nsec;
+    return a.dir.path > b.dir.path;  // "-2" after the first of the same second
+  };
+  std::sort(found.begin(), found.end(), newer);
+  std::vector<OutputDir> out;
+  for (pid_t p : pids) {
+    for (const auto& f : found) {
+      if (f.dir.pid == p) {
+        out.push_back(f.dir);
+        break;
+      }
+    }
+  }
+  for (const auto& f : found) {
+    bool listed = std::find(pids.begin(), pids.end(), f.dir.pid) != pids.end();
+    if (!listed) out.push_back(f.dir);
+  }
+  return out;
+}
+
+bool print_outputs(FILE* out, const std::string& root, const std::vector<OutputDir>& dirs) {
+  if (dirs.empty()) {
+    std::fprintf(
+        out,
+        "No output from the default tool under %s (it writes when it detaches; a tool error is printed "
+        "on the target's stderr).\n",
+        root.c_str());
+    return false;
+  }
+  for (const auto& d : dirs) {
+    std::fprintf(out, "\n==> pid %d: %s\n", static_cast<int>(d.pid), d.path.c_str());
+    auto summary = procfs::read_text(d.path + "/summary.txt");
+    if (summary) {
+      std::fputs(summary->c_str(), out);
+      if (!summary->empty() && summary->back() != '\n') std::fputc('\n', out);
+    } else {
+      std::fprintf(out, "(no summary.txt: %s)\n", summary.error().to_string().c_str());
+    }
+    std::fprintf(out, "Files:\n");
+    for (const char* f : {"summary.txt", "trace.json", "flamegraph.svg", "folded.txt", "stats.csv"}) {
+      std::string p = d.path + "/" + f;
+      const char* what = "";
+      if (std::strcmp(f, "trace.json") == 0) what = "  (open in https://ui.perfetto.dev or chrome://tracing)";
+      if (std::strcmp(f, "flamegraph.svg") == 0) what = "  (open in a browser)";
+      if (std::strcmp(f, "folded.txt") == 0) what = "  (folded stacks, for flamegraph.pl or speedscope)";
+      if (std::strcmp(f, "stats.csv") == 0) what = "  (per-function statistics)";
+      if (::access(p.c_str(), R_OK) == 0) std::fprintf(out, "  %s%s\n", p.c_str(), what);
+    }
+  }
+  std::fflush(out);
+  return true;
+}
+
+void print_outcome_header(FILE* out) { std::fprintf(out, "  %-8s %-16s %s\n", "PID", "COMMAND", "RESULT"); }
+
+void print_outcome(FILE* out, pid_t pid, const std::string& comm, const std::string& result) {
+  std::fprintf(out, "  %-8d %-16s %s\n", static_cast<int>(pid), comm.c_str(), result.c_str());
+}
+
+std::string describe_attach(const attach::ProcessOutcome& o) {
+  if (o.ok) {
+    long ms = static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(o.elapsed).count());
+    return std::string("attached (") + (o.agent_loaded_now ? "agent loaded now, " : "agent was loaded, ") +
+           std::to_string(ms) + " ms)";
+  }
+  if (is_gone(o.code)) return "exited before it could be attached";
+  return "failed: " + o.message + " [" + std::string(errc_name(o.code)) + "]";
+}
+
+bool is_gone(Errc code) { return code == Errc::kTargetExited || code == Errc::kNoSuchProcess; }
+
+Result<StopSignals> StopSignals::install() {
+  StopSignals s;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  if (::pthread_sigmask(SIG_BLOCK, &set, &s.old_mask_) != 0) return Error::from_errno("block SIGINT/SIGTERM");
+  int fd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd < 0) return Error::from_errno("signalfd");
+  s.fd_.reset(fd);
+  return s;
+}
+
+std::optional<int> StopSignals::take(int* si_code) {
+  signalfd_siginfo info{};
+  ssize_t n = ::read(fd_.get(), &info, sizeof info);
+  if (n != static_cast<ssize_t>(sizeof info)) return std::nullopt;
+  if (si_code) *si_code = info.ssi_code;
+  return static_cast<int>(info.ssi_signo);
+}
+
+UniqueFd open_pidfd(pid_t pid) { return UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))); }
+
+bool pidfd_exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+}
+
+}  // namespace remora::cli

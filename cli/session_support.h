@@ -1,0 +1,100 @@
+// What `remora attach`, `detach`, `status` and `run` share and what touches
+// the system: finding the default tool, preparing its output directory,
+// collecting and printing its outputs after a detach, printing per-process
+// outcomes, and taking SIGINT/SIGTERM/SIGHUP synchronously.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attach/attach.h"
+#include "base/result.h"
+#include "base/unique_fd.h"
+
+namespace remora::cli {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+inline constexpr char kDefaultToolName[] = "libremora-tool.so";
+
+// The tools of a command line: -t's list (each must be a readable file) or,
+// without -t, the default tool (REMORA_TOOL_PATH, else libremora-tool.so in
+// the agent's directory). Paths are made absolute.
+struct ToolSelection {
+  std::vector<std::string> paths;
+  bool default_tool = false;  // libremora-tool.so is among them: it writes outputs
+};
+// `spec`: -t's value, or nullopt when -t was not given. Fails with
+// kInvalidArgument for a missing -t file and kToolFailed when the default
+// tool is not installed (the message says to pass -t).
+Result<ToolSelection> select_tools(const std::optional<std::string>& spec);
+
+// Parses every -e NAME=VALUE (the last NAME wins).
+Result<EnvList> parse_env_list(const std::vector<std::string>& items);
+
+// For the default tool: makes REMORA_OUTPUT_PATH in `env` absolute, as the
+// process `pid` would resolve it (a relative value against its working
+// directory, /proc/PID/cwd), or sets it to <remora's cwd>/remora-output when
+// unset. Returns the absolute output root.
+Result<std::string> prepare_output_path(EnvList& env, pid_t pid);
+
+// /proc/PID/comm without its newline; "?" when the process is gone.
+std::string process_comm(pid_t pid);
+
+// A session directory the default tool wrote.
+struct OutputDir {
+  pid_t pid = 0;     // from its name (the pid as the process saw itself)
+  std::string path;  // as this process can open it
+};
+// The newest session directory of each of `pids` under `root` written since
+// `since`, then those of other processes (children forked during the
+// session that exited) written since `since`.
+std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<pid_t>& pids,
+                                    std::chrono::system_clock::time_point since);
+// Prints each directory's summary.txt and names its files; says where it
+// looked when `dirs` is empty. Returns false when nothing was found.
+bool print_outputs(FILE* out, const std::string& root, const std::vector<OutputDir>& dirs);
+
+// One line per process: "  PID  COMMAND  RESULT".
+void print_outcome_header(FILE* out);
+void print_outcome(FILE* out, pid_t pid, const std::string& comm, const std::string& result);
+// "attached (agent loaded now, 85 ms)" or "failed: <message>".
+std::string describe_attach(const attach::ProcessOutcome& o);
+// Did the process go away (rather than refuse)? Such outcomes in a tree are
+// reported but are not failures: short-lived children come and go.
+bool is_gone(Errc code);
+
+// Blocks SIGINT, SIGTERM and SIGHUP for the whole process (before any
+// thread starts) and reads them from a signalfd. They stay blocked until
+// remora exits: a signal that killed remora in the middle of a remote call
+// would leave a seized thread half-way (the lease only covers the time
+// between calls), so they are only ever taken between operations.
+class StopSignals {
+ public:
+  static Result<StopSignals> install();
+  int fd() const { return fd_.get(); }
+  // The next pending signal, if any (non-blocking).
+  std::optional<int> take(int* si_code = nullptr);
+  // The mask before install(): what a child should run with.
+  const sigset_t& old_mask() const { return old_mask_; }
+
+ private:
+  StopSignals() = default;
+  UniqueFd fd_;
+  sigset_t old_mask_{};
+};
+
+// The process's pidfd (empty when pidfd_open fails: the process is gone).
+UniqueFd open_pidfd(pid_t pid);
+bool pidfd_exited(int pidfd);
+
+std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0);
+
+}  // namespace remora::cli

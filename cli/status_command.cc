@@ -1,0 +1,101 @@
+// `remora status`: the agent's view of a process (or of each process of its
+// tree): loaded or not, attached or not, which tools, how many sessions, the
+// listener thread and who holds the lease. Read from the agent's info block
+// through /proc/PID/mem: no thread is stopped.
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "attach/attach.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/session_args.h"
+#include "cli/session_support.h"
+
+namespace remora::cli {
+namespace {
+
+struct StatusCommandOptions {
+  pid_t pid = 0;
+  bool tree = false;
+};
+
+int fail(const Error& e) {
+  print_error(e.to_string());
+  return to_int(exit_code_for(e.code()));
+}
+
+// "4242 (remora)" while the holder lives; "expired" once it died and the
+// agent detached the tools.
+std::string describe_lease(const attach::AgentState& st) {
+  if (st.lease_expired) return "expired";
+  if (st.lease_pid == 0) return "-";
+  std::string who = process_comm(st.lease_pid);
+  return std::to_string(st.lease_pid) + (who == "?" ? "" : " (" + who + ")");
+}
+
+void print_row(pid_t pid, const std::string& comm, const attach::AgentState& st) {
+  std::string sessions = std::to_string(st.sessions) + "/" + std::to_string(st.detaches);
+  std::string listener = st.listener_tid ? std::to_string(st.listener_tid) : "-";
+  std::printf("%-8d %-16s %-6s %-9s %-10s %-9s %-14s %s\n", static_cast<int>(pid), comm.c_str(),
+              st.agent_loaded ? "yes" : "no", st.agent_loaded ? (st.attached ? "yes" : "no") : "-",
+              st.agent_loaded ? sessions.c_str() : "-", st.agent_loaded ? listener.c_str() : "-",
+              st.agent_loaded ? describe_lease(st).c_str() : "-", st.tools.empty() ? "-" : st.tools.c_str());
+}
+
+int run_status(const StatusCommandOptions& o) {
+  std::vector<pid_t> pids{o.pid};
+  if (o.tree) {
+    auto t = attach::Controller::snapshot_tree(o.pid);
+    if (!t) return fail(t.error());
+    pids = std::move(*t);
+  }
+  std::printf("%-8s %-16s %-6s %-9s %-10s %-9s %-14s %s\n", "PID", "COMMAND", "AGENT", "ATTACHED", "SESSIONS",
+              "LISTENER", "LEASE", "TOOLS");
+  int exit_code = 0;
+  std::vector<std::pair<pid_t, std::string>> notes;
+  for (pid_t p : pids) {
+    std::string comm = process_comm(p);
+    auto st = attach::Controller::status(p);
+    if (!st) {
+      // The root must be readable; a child that exited meanwhile is only noted.
+      if (p == o.pid && !o.tree) return fail(st.error());
+      std::printf("%-8d %-16s error: %s\n", static_cast<int>(p), comm.c_str(),
+                  st.error().to_string().c_str());
+      if (!is_gone(st.error().code()) && exit_code == 0) exit_code = to_int(exit_code_for(st.error().code()));
+      continue;
+    }
+    print_row(p, comm, *st);
+    if (!st->message.empty()) notes.emplace_back(p, st->message);
+  }
+  for (const auto& [p, msg] : notes)
+    std::printf("pid %d: last agent error: %s\n", static_cast<int>(p), msg.c_str());
+  std::fflush(stdout);
+  return exit_code;
+}
+
+}  // namespace
+
+void add_status_command(CLI::App& root, Dispatch& dispatch) {
+  auto opts = std::make_shared<StatusCommandOptions>();
+  CLI::App* sub =
+      root.add_subcommand("status", "Show the agent's state in a process (or its tree); stops nothing");
+  sub->add_option("-p,--pid", opts->pid, "Process to inspect")
+      ->required()
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  sub->add_flag("--tree", opts->tree, "One line for each process of the tree under PID");
+  sub->footer(
+      "Columns: AGENT (libremora-agent.so loaded), ATTACHED (tools attached now),\n"
+      "SESSIONS (attaches/detaches so far), LISTENER (the agent's thread id), LEASE (pid\n"
+      "of the remora holding the lease, '-' none, 'expired' when its holder died and the\n"
+      "agent detached the tools), TOOLS (the loaded tool list).\n"
+      "\n" +
+      exit_code_footer());
+  sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_status(*opts); }; });
+}
+
+}  // namespace remora::cli
