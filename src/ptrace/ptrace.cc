@@ -215,36 +215,42 @@ Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
   const auto start = Clock::now();
   long sleep_ns = 20'000;
   for (;;) {
-    // Peek first (WNOWAIT): the exit of a thread-group leader that is our own
-    // child must stay for our caller's waitpid() to reap: the tracer is not
-    // the only one waiting for it.
+    // Peek first (WNOWAIT), then consume stops with a call that cannot reap:
+    // the exit of a thread-group leader that is our own child must stay for
+    // our caller's waitpid() to collect -- the tracer is not the only one
+    // waiting for it.
     siginfo_t si{};
-    si.si_pid = 0;
-    int peek = ::waitid(P_PID, static_cast<id_t>(tid), &si, WEXITED | WSTOPPED | __WALL | WNOHANG | WNOWAIT);
-    if (peek == 0 && si.si_pid == tid &&
-        (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)) {
-      auto st = procfs::read_status(tid);
-      if (st && st->tgid == tid && st->ppid == getpid()) {
-        Stop s{si.si_code == CLD_EXITED ? Stop::Kind::kExited : Stop::Kind::kKilled};
-        if (si.si_code == CLD_EXITED) s.exit_status = si.si_status;
-        else s.sig = si.si_status;
-        REMORA_LOG(kPtrace, "wait tid=%d -> %s (left for its parent to reap)", tid, stop_kind_name(s.kind));
-        return s;
-      }
-    }
-    int status = 0;
-    pid_t rc = peek == 0 && si.si_pid == 0 ? 0 : ::wait4(tid, &status, __WALL | WNOHANG, nullptr);
-    if (rc == tid) {
-      Stop s = decode(status);
-      REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d status=%#x", tid, stop_kind_name(s.kind), s.sig,
-                 s.event, status);
-      return s;
-    }
+    int rc = ::waitid(P_PID, static_cast<id_t>(tid), &si, WEXITED | WSTOPPED | __WALL | WNOHANG | WNOWAIT);
     if (rc == -1) {
       if (errno == EINTR) continue;
       if (errno == ECHILD)
         return Error(Errc::kTargetExited, "thread " + std::to_string(tid) + " is gone (no longer traced)", ECHILD);
-      return Error::from_errno("wait4(" + std::to_string(tid) + ")");
+      return Error::from_errno("waitid(" + std::to_string(tid) + ")");
+    }
+    if (si.si_pid == tid) {
+      if (si.si_code == CLD_TRAPPED || si.si_code == CLD_STOPPED) {
+        siginfo_t got{};
+        if (::waitid(P_PID, static_cast<id_t>(tid), &got, WSTOPPED | __WALL | WNOHANG) == 0 && got.si_pid == tid) {
+          // For a ptrace stop, si_status is the whole stop code: signal,
+          // 0x80 for a syscall stop, and the event in bits 8-15.
+          Stop st = decode((got.si_status << 8) | 0x7f);
+          REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d", tid, stop_kind_name(st.kind), st.sig, st.event);
+          return st;
+        }
+        continue;  // changed meanwhile: look again
+      }
+      Stop st{si.si_code == CLD_EXITED ? Stop::Kind::kExited : Stop::Kind::kKilled};
+      if (si.si_code == CLD_EXITED) st.exit_status = si.si_status;
+      else st.sig = si.si_status;
+      auto status = procfs::read_status(tid);
+      bool our_child_leader = status && status->tgid == tid && status->ppid == getpid();
+      if (!our_child_leader) {
+        siginfo_t reaped{};
+        (void)::waitid(P_PID, static_cast<id_t>(tid), &reaped, WEXITED | __WALL | WNOHANG);
+      }
+      REMORA_LOG(kPtrace, "wait tid=%d -> %s%s", tid, stop_kind_name(st.kind),
+                 our_child_leader ? " (left for its parent to reap)" : "");
+      return st;
     }
     if (deadline.expired())
       return Error(Errc::kTimedOut, "thread " + std::to_string(tid) + " did not stop in time");
