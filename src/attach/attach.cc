@@ -306,8 +306,7 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     // A stopped process (SIGSTOP) stops the new thread too: it would never
     // run. Then Remora drives that one thread itself under ptrace, leaving
     // every other thread stopped, and releases it only once it has exited.
-    const bool stopped = process_is_stopped(t.pid());
-    auto before = stopped ? procfs::list_tasks(t.pid()) : Result<std::vector<pid_t>>(std::vector<pid_t>{});
+    auto before = procfs::list_tasks(t.pid());
     CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
                       CallArg::integer(block_at)};
     REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
@@ -315,14 +314,30 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
     if (created.value != 0)
       return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
+    // Whether the process is stopped is only known for sure by watching the
+    // new thread: a thread we just released may still be on its way back
+    // into the group stop when /proc is read.
     pid_t loader = 0;
-    if (stopped && before) loader = REMORA_TRY_CTX(drive_new_thread(t.pid(), *before, deadline), "run the loader thread");
+    bool driven = false;
     // Wait for the trampoline to finish (its last store), then for its thread
     // to leave the scratch code for good.
     long nap = 20'000;
     for (;;) {
       REMORA_TRY_CTX(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))), "read the loader block");
       if (block.done == 1) break;
+      if (!driven && before) {
+        auto now = procfs::list_tasks(t.pid());
+        pid_t fresh = 0;
+        if (now)
+          for (pid_t tid : *now)
+            if (std::find(before->begin(), before->end(), tid) == before->end()) fresh = tid;
+        auto st = fresh ? procfs::read_stat(t.pid(), fresh) : Result<procfs::Stat>(Error(Errc::kNoSuchProcess, ""));
+        if (st && st->state == 'T') {
+          loader = REMORA_TRY_CTX(drive_new_thread(t.pid(), *before, deadline), "run the loader thread");
+          driven = true;
+          continue;
+        }
+      }
       if (deadline.expired()) {
         t.abandon_scratch();  // the loader thread may still run there
         return Error(Errc::kTimedOut, "the agent did not finish loading in time (a constructor in the target may be "
@@ -340,7 +355,7 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
       }
       pause_briefly(20'000);
     }
-    if (stopped && before) {
+    if (driven && before) {
       // The thread that appeared besides the loader is the agent's listener.
       auto now = REMORA_TRY(procfs::list_tasks(t.pid()));
       for (pid_t tid : now)

@@ -615,6 +615,29 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         frame_regs.orig_rax = imm;
       }
       if (frame_regs.orig_rax > 1024) frame_regs.orig_rax = r0.orig_rax;  // not a plausible number
+      // Inside glibc's generic syscall(NR, ...) (its `mov 0x8(%rsp),%r9`
+      // precedes the syscall), the number came from the caller's
+      // `mov $NR,%edi` before `call syscall`: find it just before the
+      // return address. Only calls that use restart_block are accepted.
+      static constexpr uint8_t kLoadArg6[] = {0x4c, 0x8b, 0x4c, 0x24, 0x08};
+      if (frame_regs.orig_rax == r0.orig_rax && std::equal(std::begin(kLoadArg6), std::end(kLoadArg6), before.begin() + 4)) {
+        uint64_t ret = 0;
+        std::array<uint8_t, 48> caller{};
+        if (mem.read(r0.rsp, std::as_writable_bytes(std::span(&ret, 1))) && ret > caller.size() &&
+            mem.read(ret - caller.size(), std::as_writable_bytes(std::span(caller)))) {
+          for (size_t i = caller.size() - 5; i-- > 0;) {
+            if (caller[i] != 0xbf) continue;  // mov $imm32,%edi
+            uint32_t nr = 0;
+            std::memcpy(&nr, &caller[i + 1], 4);
+            if (nr == x::nr::kFutex || nr == x::nr::kNanosleep || nr == x::nr::kClockNanosleep || nr == x::nr::kPoll) {
+              // The arguments are already in the kernel's registers there;
+              // only the number in rax was lost.
+              frame_regs.orig_rax = nr;
+              break;
+            }
+          }
+        }
+      }
     }
   }
 
