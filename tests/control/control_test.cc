@@ -140,7 +140,9 @@ TEST_F(ControlTest, LaunchStopsBeforeConstructorsWithPreloadMapped) {
   EXPECT_TRUE(lists((*p)->objects(), "libc.so"));
   EXPECT_EQ((*p)->objects().front().name, fs::canonical(CTL_PROG).string());
   for (auto& o : (*p)->objects())
-    if (o.name.find("libc.so") != std::string::npos) EXPECT_FALSE(o.build_id.empty());
+    if (o.name.find("libc.so") != std::string::npos) {
+      EXPECT_FALSE(o.build_id.empty());
+    }
   EXPECT_EQ((*p)->threads(), std::vector<pid_t>{(*p)->pid()});
   int st = run_to_exit(**p);
   ASSERT_TRUE(WIFEXITED(st));
