@@ -337,13 +337,13 @@ TEST_F(DefaultToolTest, InvalidSettingsFailTheAttachCleanly) {
   ASSERT_EQ(detach(), 0);
 }
 
-TEST_F(DefaultToolTest, TwentyCyclesKeepTheWorkloadCorrect) {
+TEST_F(DefaultToolTest, HundredCyclesKeepTheWorkloadCorrect) {
   int timers = count_timers();
   auto dispositions = rt_dispositions();
   Workload w(dir_);
   w.start();
   std::vector<std::string> dirs;
-  for (int cycle = 0; cycle < 20; ++cycle) {
+  for (int cycle = 0; cycle < 100; ++cycle) {
     ASSERT_EQ(attach({{"REMORA_OUTPUT_PATH", out_}, {"REMORA_SAMPLE_HZ", "199"}}), 0) << cycle;
     for (int i = 0; i < 3; ++i) {
       w.feed_pipe();
