@@ -63,7 +63,6 @@ struct Controller::Session {
   uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
   pid_t listener = 0;
   UniqueFd lease_fd;  // our end of the lease pipe
-  bool attached_by_us = false;
 };
 
 namespace {
@@ -481,7 +480,6 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     info.message[sizeof info.message - 1] = '\0';
     return Error(errc_for_agent(code), info.message).with_context(ctx);
   }
-  s->attached_by_us = true;
   REMORA_LOG(kAttach, "pid %d: attached", pid);
 
   if (opts.lease) {

@@ -678,7 +678,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   // Runs the thread until the stop that ends one step; handles every other
   // stop on the way. `want_entry`: stop at the entry (true) or exit (false) of
   // syscall `nr` at instruction address `ip_after`.
-  bool faulted = false;
   std::string fault_text;
   uint64_t step_value = 0;
   auto run_until = [&](long nr, uint64_t ip_after, bool want_entry) -> Result<void> {
@@ -718,7 +717,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         case ptrace::Stop::Kind::kSignalDelivery: {
           auto si = REMORA_TRY(ptrace::get_siginfo(tid));
           if (is_fault_signal(si)) {
-            faulted = true;
             char buf[160];
             if (si.si_signo == SIGSYS)
               std::snprintf(buf, sizeof buf, "the target's seccomp filter refused system call %d (SIGSYS)", si.si_syscall);
@@ -858,7 +856,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     if (!done) return fail(std::move(done).error());
     report.value = step_value;
   }
-  (void)faulted;
   release(true);
   report.stopped = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
   return report;
