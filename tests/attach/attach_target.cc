@@ -13,12 +13,14 @@
 //   (none)         a quiet process: its main thread blocks in read(stdin)
 //   tree           the root of a tree of 10 processes (see build_tree); it
 //                  says "ready" only after every other process said it is
-//   exiter         a quiet process whose second thread exits the process
-//                  as soon as the agent is mapped (mid-attach)
+//   exiter         a quiet process that exits as soon as the agent's
+//                  constructor runs (mid-attach; see exit_in_agent below)
 //   node ROLE KID  internal: a process of the tree started by fork+exec;
 //                  stdin is the tree's lifeline, stdout its ready pipe. KID
 //                  "-" or the role of one plain-forked child.
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -36,6 +38,27 @@
 #include "target_common.h"
 
 using namespace remora_target;
+
+// exiter mode and X of the tree: the process exits while the agent's
+// constructor runs, that is after the controller loaded the agent and before
+// it could call it. Deterministic, unlike watching /proc/self/maps: the
+// agent's constructor sets its listener's stack size, and this executable
+// (linked with -rdynamic) interposes libc's pthread_attr_setstacksize for
+// every object. Should the agent stop calling it, X no longer exits and the
+// tests that use it fail loudly ("the attach succeeded although...").
+static bool g_exit_in_agent = false;
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) noexcept {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (g_exit_in_agent) {
+    Dl_info info{};
+    if (dladdr(__builtin_return_address(0), &info) != 0 && info.dli_fname != nullptr &&
+        strstr(info.dli_fname, "libremora-agent") != nullptr)
+      _exit(0);
+  }
+  return real(attr, size);
+}
 
 namespace {
 
@@ -140,7 +163,7 @@ bool plain_command(const std::string& cmd, std::string* reply) {
 //   +- C   fork+exec of this binary ("node")  +- C1  fork
 //   +- D   fork+exec remora_target_malloc (hostile)
 //   +- E   fork, with three threads blocked in read/nanosleep
-//   +- X   fork; exits as soon as the agent shows up in its maps, i.e. in
+//   +- X   fork; exits as soon as the agent's constructor runs, i.e. in
 //          the middle of its own attach
 //
 // (Not remora_target_syscalls: its waiter thread forks a short-lived child
@@ -197,33 +220,6 @@ void* blocked_sleeper(void*) {
     nanosleep(&ts, nullptr);
   }
 }
-
-// X: a quiet process that exits the moment the agent is mapped: the
-// controller is then between loading the agent and calling it.
-[[noreturn]] void run_exiter() {
-  static char maps[1 << 17];
-  for (;;) {
-    timespec ts{0, 500'000};
-    nanosleep(&ts, nullptr);
-    if (getppid() == 1) _exit(0);
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    size_t len = 0;
-    ssize_t n;
-    while (len < sizeof maps - 1 && (n = read(fd, maps + len, sizeof maps - 1 - len)) != 0) {
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        break;
-      }
-      len += static_cast<size_t>(n);
-    }
-    close(fd);
-    maps[len] = '\0';
-    if (strstr(maps, "libremora-agent") != nullptr) _exit(0);
-  }
-}
-
-void* exiter_thread(void*) { run_exiter(); }
 
 void build_tree() {
   if (pipe2(g_life, O_CLOEXEC) != 0 || pipe2(g_ready, O_CLOEXEC) != 0) {
@@ -285,8 +281,9 @@ void build_tree() {
   pid_t x = fork_or_die();
   if (x == 0) {
     become_tree_child(root);
+    g_exit_in_agent = true;
     say_ready(g_ready[1], "X");
-    run_exiter();
+    block_until_eof(g_life[0]);
   }
   g_roles["X"] = x;
 
@@ -362,6 +359,6 @@ int main(int argc, char** argv) {
     return run_protocol(nullptr, tree_command);
   }
   if (argc >= 4 && strcmp(argv[1], "node") == 0) run_node(argv[2], argv[3]);
-  if (argc >= 2 && strcmp(argv[1], "exiter") == 0) start_thread(exiter_thread, nullptr);
+  if (argc >= 2 && strcmp(argv[1], "exiter") == 0) g_exit_in_agent = true;
   return run_protocol(nullptr, plain_command);
 }
