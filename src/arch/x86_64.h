@@ -113,8 +113,9 @@ void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::
 //
 // Both end in rt_sigreturn on the frame, so a thread whose controller died
 // restores itself. A live controller stops the thread at the rt_sigreturn
-// syscall-entry (PTRACE_SYSCALL), reads the result from rdi and restores the
-// thread itself instead.
+// syscall-entry (PTRACE_SYSCALL) and reads the result from rdi; then it lets
+// that rt_sigreturn run when the frame holds the exact resume state, and
+// restores the thread through ptrace otherwise (see remote/target.cc).
 //  thread trampoline (a pthread start routine; rdi = a LoaderBlock):
 //    records its tid, detaches itself, dlopen(path, flags), records the
 //    handle and dlerror(), then sets `done` as its last store and returns

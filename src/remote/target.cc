@@ -831,13 +831,26 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     session_used = 0;
   }
 
-  // The request itself.
+  // The request itself. A function call ends at the entry of the stub's
+  // rt_sigreturn on the frame: the thread is in the kernel then, and runs no
+  // more of our code. Where the frame holds exactly the resume state, that
+  // rt_sigreturn is the restore:
+  // registers, xsave area and signal mask in one system call of the thread's
+  // own, instead of three ptrace requests (setting the xsave area alone costs
+  // a kernel vmalloc per request). It holds exactly that state unless the
+  // thread was interrupted in a restart_block call: there the frame re-issues
+  // the original call (see above) while restart_syscall keeps its remaining
+  // timeout, so ptrace restores those.
+  const bool frame_is_exact = kind != arch::RestartKind::kRestartBlock;
   CallReport report;
   report.tid = tid;
   if (is_syscall) {
     auto v = do_syscall(static_cast<long>(fn_or_nr), args);
     if (!v) return fail(std::move(v).error());
     report.value = *v;
+    // Restored by ptrace: the thread stands at the system call's exit with
+    // the stub's tail still to run, and a later transaction may remove the
+    // code it would run it from (Target::close).
   } else {
     x::Regs r = r0;
     r.orig_rax = ~uint64_t{0};
@@ -855,6 +868,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     auto done = run_until(x::nr::kRtSigreturn, *scratch + x::Stub::kCallReturnSyscallEnd, true);
     if (!done) return fail(std::move(done).error());
     report.value = step_value;
+    if (frame_is_exact) modified = false;  // detached at rt_sigreturn's entry, the thread restores itself
   }
   release(true);
   report.stopped = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
