@@ -86,6 +86,21 @@ TEST(X86_64Stub, LayoutMatchesOffsets) {
   // mov $15,%eax precedes each final syscall.
   EXPECT_EQ(at(x::Stub::kCallReturnSyscallEnd - 10), 0xb8);
   EXPECT_EQ(at(x::Stub::kCallReturnSyscallEnd - 9), 15);
+  // The marked call: call *%r11 first; tgkill (234) then rt_sigreturn (15)
+  // last, each loaded by mov $NR,%eax right before its syscall.
+  EXPECT_EQ(at(x::Stub::kMarkedCallEntry), 0x41);
+  EXPECT_EQ(at(x::Stub::kMarkedCallEntry + 2), 0xd3);
+  const uint64_t end = x::Stub::kMarkedCallReturnSyscallEnd;
+  EXPECT_EQ(at(end - 2), 0x0f);
+  EXPECT_EQ(at(end - 1), 0x05);
+  EXPECT_EQ(at(end - 10), 0xb8);
+  EXPECT_EQ(at(end - 9), 15);
+  EXPECT_EQ(at(end - 17), 0xb8);
+  EXPECT_EQ(at(end - 16), 234);
+  EXPECT_EQ(at(end - 12), 0x0f);
+  EXPECT_EQ(at(end - 11), 0x05);
+  // Nothing of the thread trampoline runs into the marked stub.
+  EXPECT_EQ(at(x::Stub::kMarkedCallEntry - 1), 0xcc);
 }
 
 TEST(X86_64Frame, FpstateHeader) {

@@ -154,8 +154,30 @@ std::array<std::byte, Stub::kSize> stub_code() {
       0x5b,                                      // pop %rbx
       0xc3,                                      // ret
   };
-  static_assert(sizeof kTrampoline <= Stub::kSize - Stub::kThreadTrampoline);
+  static_assert(sizeof kTrampoline <= Stub::kMarkedCallEntry - Stub::kThreadTrampoline);
   put(Stub::kThreadTrampoline, kTrampoline, sizeof kTrampoline);
+  static constexpr uint8_t kMarkedCall[] = {
+      0x41, 0xff, 0xd3,                    // call *%r11
+      0x49, 0x89, 0x04, 0x24,              // mov %rax,(%r12)    (result)
+      0x4d, 0x89, 0x74, 0x24, 0x08,        // mov %r14,8(%r12)   (cookie: the function returned)
+      0xb8, 0x27, 0x00, 0x00, 0x00,        // mov $39,%eax       (getpid)
+      0x0f, 0x05,                          // syscall
+      0x49, 0x89, 0xc7,                    // mov %rax,%r15
+      0xb8, 0xba, 0x00, 0x00, 0x00,        // mov $186,%eax      (gettid)
+      0x0f, 0x05,                          // syscall
+      0x4c, 0x89, 0xff,                    // mov %r15,%rdi
+      0x48, 0x89, 0xc6,                    // mov %rax,%rsi
+      0x4c, 0x89, 0xea,                    // mov %r13,%rdx
+      0xb8, 0xea, 0x00, 0x00, 0x00,        // mov $234,%eax      (tgkill: the marker, pending while blocked)
+      0x0f, 0x05,                          // syscall
+      0xb8, 0x0f, 0x00, 0x00, 0x00,        // mov $15,%eax       (rt_sigreturn)
+      0x48, 0x89, 0xdc,                    // mov %rbx,%rsp
+      0x0f, 0x05,                          // syscall
+      0x0f, 0x0b,                          // ud2                (never reached)
+  };
+  static_assert(sizeof kMarkedCall == Stub::kMarkedCallReturnSyscallEnd - Stub::kMarkedCallEntry + 2);
+  static_assert(sizeof kMarkedCall <= Stub::kSize - Stub::kMarkedCallEntry);
+  put(Stub::kMarkedCallEntry, kMarkedCall, sizeof kMarkedCall);
   return code;
 }
 

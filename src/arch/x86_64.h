@@ -121,6 +121,16 @@ void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::
 //    handle and dlerror(), then sets `done` as its last store and returns
 //    into libc's thread exit. Used to load the agent on a fresh thread, so
 //    that dlopen never runs on an interrupted application thread.
+//  marked call stub (r11 = function, rdi..r9 = arguments, rbx = &frame.uc,
+//  r12 = a 16-byte result slot, r13 = marker signal, r14 = cookie):
+//    call *%r11; mov %rax,(%r12); mov %r14,8(%r12);
+//    tgkill(getpid(), gettid(), r13); rt_sigreturn on the frame; ud2
+//    The function runs under PTRACE_CONT, so its own system calls cost no
+//    stops. Every signal is blocked while it runs, so the marker stays
+//    pending until rt_sigreturn has restored the thread; then it is
+//    dequeued, and a tracer sees a signal-delivery stop of exactly that
+//    signal with the thread already restored. Untraced (the controller
+//    died) the marker is a signal the process ignores, and is discarded.
 struct Stub {
   static constexpr uint64_t kThreadTrampoline = 64;
   static constexpr uint64_t kCallEntry = 0;
@@ -128,7 +138,9 @@ struct Stub {
   static constexpr uint64_t kSyscallEntry = 32;
   static constexpr uint64_t kSyscallEnd = 34;            // rip after the requested syscall
   static constexpr uint64_t kSyscallReturnSyscallEnd = 47;
-  static constexpr size_t kSize = 128;
+  static constexpr uint64_t kMarkedCallEntry = 128;
+  static constexpr uint64_t kMarkedCallReturnSyscallEnd = 128 + 0x37;  // rip after its rt_sigreturn
+  static constexpr size_t kSize = 192;
 };
 std::array<std::byte, Stub::kSize> stub_code();
 

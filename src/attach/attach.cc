@@ -214,19 +214,23 @@ Result<bool> resolve_agent(remote::Target& t, uint64_t* info, uint64_t* attach_f
                            uint64_t* lease_fn) {
   auto maps = REMORA_TRY(procfs::read_maps(t.pid()));
   if (!remote::find_library(t.pid(), maps, kAgentName)) return false;
-  *info = REMORA_TRY(t.find_variable(kAgentName, "remora_agent_info")).addr();
-  *attach_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_attach")).addr();
-  *detach_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_detach")).addr();
-  *lease_fn = REMORA_TRY(t.find_symbol(kAgentName, "remora_agent_set_lease")).addr();
+  const remote::Target::SymbolQuery entry_points[] = {{"remora_agent_info", false},
+                                                      {"remora_agent_attach"},
+                                                      {"remora_agent_detach"},
+                                                      {"remora_agent_set_lease"}};
+  auto found = REMORA_TRY(t.find_symbols(kAgentName, entry_points));
+  *info = found[0].addr();
+  *attach_fn = found[1].addr();
+  *detach_fn = found[2].addr();
+  *lease_fn = found[3].addr();
   // Calls from now on run through the agent's own stubs and buffer: no
   // scratch mapping of ours stays in the process. Adopted only if the bytes
   // are exactly ours (an agent of another build may differ).
-  auto stub = t.find_symbol(kAgentName, "remora_agent_stub");
-  auto scratch = t.find_variable(kAgentName, "remora_agent_scratch");
-  if (stub && scratch) {
+  const remote::Target::SymbolQuery stubs[] = {{"remora_agent_stub"}, {"remora_agent_scratch", false}};
+  if (auto own = t.find_symbols(kAgentName, stubs)) {
     auto want = x::stub_code();
     std::array<std::byte, x::Stub::kSize> have{};
-    if (t.read(*stub, have) && have == want) REMORA_TRY(t.adopt_scratch(*stub, *scratch, REMORA_AGENT_SCRATCH_SIZE));
+    if (t.read((*own)[0], have) && have == want) REMORA_TRY(t.adopt_scratch((*own)[0], (*own)[1], REMORA_AGENT_SCRATCH_SIZE));
   }
   return true;
 }
@@ -289,9 +293,11 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
       return Error(Errc::kNotSupported, "process " + std::to_string(t.pid()) +
                                             " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
     block.dlopen_fn = dlopen_fn->addr();
-    block.dlerror_fn = REMORA_TRY(t.find_symbol("libc.so.6", "dlerror")).addr();
-    block.pthread_self_fn = REMORA_TRY(t.find_symbol("libc.so.6", "pthread_self")).addr();
-    block.pthread_detach_fn = REMORA_TRY(t.find_symbol("libc.so.6", "pthread_detach")).addr();
+    const remote::Target::SymbolQuery libc_fns[] = {{"dlerror"}, {"pthread_self"}, {"pthread_detach"}};
+    auto fns = REMORA_TRY(t.find_symbols("libc.so.6", libc_fns));
+    block.dlerror_fn = fns[0].addr();
+    block.pthread_self_fn = fns[1].addr();
+    block.pthread_detach_fn = fns[2].addr();
     block.flags = RTLD_NOW | RTLD_NODELETE;
     const size_t path_len = vf.path.size() + 1;
     auto mem = REMORA_TRY(t.scratch_alloc(sizeof block + path_len + 8));

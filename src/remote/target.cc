@@ -129,7 +129,14 @@ struct Target::Impl {
   // munmap of the scratch itself must not return into the page it removes.
   bool force_gadget = false;
   uint64_t session_used = 0;  // bytes handed out by scratch_alloc
-  LookupOptions lookup;
+  // Marked calls (see choose_marker): the process's signal dispositions, as
+  // last read, and a counter for the cookies that prove a call returned.
+  bool use_marker = true;
+  uint64_t sig_ign = 0, sig_cgt = 0;
+  int seccomp = 0;
+  Clock::time_point dispositions_read{};
+  uint64_t call_seq = 0;
+  LookupOptions lookup_options;
   // Resolved (library, symbol) pairs of this session. A hit is re-validated
   // against the current maps (the code must still be mapped from the same
   // file), so a dlclose/dlopen in between can never send a call astray.
@@ -144,6 +151,10 @@ struct Target::Impl {
 
   Result<Gadgets> find_gadgets();
   Result<pid_t> pick_thread();
+  Result<std::vector<procfs::MapEntry>> maps_for_lookup();
+  Result<RemoteAddr> lookup(std::string_view library, std::string_view symbol, bool function,
+                            std::vector<procfs::MapEntry>& maps);
+  int choose_marker();
   Result<CallReport> transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                               const Deadline& deadline);
   Result<CallReport> run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
@@ -236,7 +247,7 @@ void Target::abandon_scratch() {
 
 void Target::set_use_map_files(bool use) {
   std::lock_guard lock(impl_->mu);
-  impl_->lookup.use_map_files = use;
+  impl_->lookup_options.use_map_files = use;
   impl_->symbols.clear();
   impl_->images.clear();
 }
@@ -249,51 +260,75 @@ Result<void> Target::write(RemoteAddr addr, std::span<const std::byte> in) {
   return impl_->mem.write(addr.addr(), in);
 }
 
-Result<RemoteAddr> Target::find_symbol(std::string_view library, std::string_view symbol) {
-  std::lock_guard lock(impl_->mu);
-  const std::string ctx = "find " + std::string(symbol) + " in " + process_str(pid_, ns_pid_);
-  auto maps = REMORA_TRY_CTX(procfs::read_maps(pid_), ctx);
+// One lookup, with the maps the caller read (IFUNC resolution may re-read them).
+Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_view symbol, bool function,
+                                        std::vector<procfs::MapEntry>& maps) {
+  const std::string ctx = std::string("find ") + (function ? "" : "variable ") + std::string(symbol) + " in " +
+                          process_str(pid, ns_pid);
+  if (!function) {
+    auto sym = REMORA_TRY_CTX(resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, false, &maps, &images),
+                              ctx);
+    return RemoteAddr(sym.address);
+  }
   auto key = std::make_pair(std::string(library), std::string(symbol));
   auto mapped_from = [&](uint64_t addr) -> const procfs::MapEntry* {
     for (const auto& m : maps)
       if (addr >= m.start && addr < m.end) return m.exec && m.file_backed() ? &m : nullptr;
     return nullptr;
   };
-  if (auto it = impl_->symbols.find(key); it != impl_->symbols.end()) {
+  if (auto it = symbols.find(key); it != symbols.end()) {
     const auto* m = mapped_from(it->second.address);
     if (m != nullptr && m->dev() == it->second.dev && m->inode == it->second.inode) return RemoteAddr(it->second.address);
-    impl_->symbols.erase(it);
+    symbols.erase(it);
   }
-  // A memoized image stays valid while its header mapping is still there.
-  for (auto it = impl_->images.begin(); it != impl_->images.end();) {
-    auto [dev, inode, start] = it->first;
-    bool present = std::any_of(maps.begin(), maps.end(), [&](const procfs::MapEntry& m) {
-      return m.start == start && m.dev() == dev && m.inode == inode && m.offset == 0;
-    });
-    it = present ? std::next(it) : impl_->images.erase(it);
-  }
-  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup, true,
-                                           &maps, &impl_->images),
+  auto sym = REMORA_TRY_CTX(resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, true, &maps, &images),
                             ctx);
   uint64_t address = sym.address;
   if (sym.ifunc) {
     // An IFUNC symbol (strlen, memcpy...) is a resolver that returns the
     // implementation chosen for this CPU: call it to get the function.
-    auto chosen = REMORA_TRY_CTX(impl_->run(0, false, sym.address, {}, std::chrono::milliseconds(5000)),
+    auto chosen = REMORA_TRY_CTX(run(0, false, sym.address, {}, std::chrono::milliseconds(5000)),
                                  "resolve IFUNC " + std::string(symbol));
     address = chosen.value;
-    maps = REMORA_TRY_CTX(procfs::read_maps(pid_), ctx);
+    maps = REMORA_TRY_CTX(procfs::read_maps(pid), ctx);
   }
-  if (const auto* m = mapped_from(address)) impl_->symbols[key] = {address, m->dev(), m->inode};
+  if (const auto* m = mapped_from(address)) symbols[key] = {address, m->dev(), m->inode};
   return RemoteAddr(address);
+}
+
+// The target's maps, for a series of lookups; forgets memoized images whose
+// header mapping has gone (a dlclose, or a dlopen at the same place).
+Result<std::vector<procfs::MapEntry>> Target::Impl::maps_for_lookup() {
+  auto maps = REMORA_TRY_CTX(procfs::read_maps(pid), "read the maps of " + process_str(pid, ns_pid));
+  for (auto it = images.begin(); it != images.end();) {
+    auto [dev, inode, start] = it->first;
+    bool present = std::any_of(maps.begin(), maps.end(), [&](const procfs::MapEntry& m) {
+      return m.start == start && m.dev() == dev && m.inode == inode && m.offset == 0;
+    });
+    it = present ? std::next(it) : images.erase(it);
+  }
+  return maps;
+}
+
+Result<RemoteAddr> Target::find_symbol(std::string_view library, std::string_view symbol) {
+  std::lock_guard lock(impl_->mu);
+  auto maps = REMORA_TRY(impl_->maps_for_lookup());
+  return impl_->lookup(library, symbol, true, maps);
 }
 
 Result<RemoteAddr> Target::find_variable(std::string_view library, std::string_view symbol) {
   std::lock_guard lock(impl_->mu);
-  auto sym = REMORA_TRY_CTX(resolve_symbol(pid_, impl_->mem, library, symbol, impl_->at_phdr, impl_->lookup, false,
-                                           nullptr, &impl_->images),
-                            "find variable " + std::string(symbol) + " in " + process_str(pid_, ns_pid_));
-  return RemoteAddr(sym.address);
+  auto maps = REMORA_TRY(impl_->maps_for_lookup());
+  return impl_->lookup(library, symbol, false, maps);
+}
+
+Result<std::vector<RemoteAddr>> Target::find_symbols(std::string_view library, std::span<const SymbolQuery> queries) {
+  std::lock_guard lock(impl_->mu);
+  auto maps = REMORA_TRY(impl_->maps_for_lookup());
+  std::vector<RemoteAddr> out;
+  out.reserve(queries.size());
+  for (const auto& q : queries) out.push_back(REMORA_TRY(impl_->lookup(library, q.name, q.function, maps)));
+  return out;
 }
 
 Result<CallReport> Target::call_symbol(std::string_view library, std::string_view symbol,
@@ -409,6 +444,43 @@ Result<pid_t> Target::Impl::pick_thread() {
 }
 
 // ---------------------------------------------------------------------------
+// Choosing the marker of a marked call (arch::x86_64::Stub).
+//
+// A function call runs under PTRACE_CONT, and ends with a signal the thread
+// sends itself after the function returned; it stays pending (every signal
+// is blocked) until the stub's rt_sigreturn has restored the thread, and
+// then stops it in a signal-delivery stop the controller recognises exactly
+// (that signal, the cookie the stub stored, an instruction pointer outside
+// the stub). So the function's own system calls cost no ptrace stops: under
+// PTRACE_SYSCALL each costs two, and a dlopen makes dozens.
+//
+// The marker must be harmless if the controller dies and nobody intercepts
+// it: a signal the process ignores (SIG_IGN, or a default action of
+// "ignore": SIGURG, SIGWINCH), which the kernel then discards. Returns 0
+// when there is none (every candidate has a handler) or when a seccomp
+// filter might refuse the stub's tgkill: the call then ends at the stub's
+// rt_sigreturn under PTRACE_SYSCALL, as before.
+int Target::Impl::choose_marker() {
+  if (!use_marker) return 0;
+  const auto now = Clock::now();
+  if (now - dispositions_read > std::chrono::milliseconds(250)) {
+    auto st = procfs::read_status(pid);
+    if (!st) return 0;
+    sig_ign = st->sig_ign;
+    sig_cgt = st->sig_cgt;
+    seccomp = st->seccomp;
+    dispositions_read = now;
+  }
+  if (seccomp != 0) return 0;
+  auto bit = [](int sig) { return uint64_t{1} << (sig - 1); };
+  for (int sig : {SIGURG, SIGWINCH})
+    if ((sig_cgt & bit(sig)) == 0) return sig;
+  for (int sig = 1; sig < 32; ++sig)
+    if ((sig_ign & bit(sig)) != 0 && sig != SIGCONT && sig != SIGCHLD && !is_job_control_stop(sig)) return sig;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
 // Finding the bootstrap gadgets in libc.
 
 Result<Gadgets> Target::Impl::find_gadgets() {
@@ -421,7 +493,7 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   if (!libc)
     return Error(Errc::kNotSupported, "process " + std::to_string(pid) +
                                           " has no glibc (libc.so.6) mapped; remote calls need it for now");
-  auto loaded = REMORA_TRY(load_image(pid, *libc, mem, lookup));
+  auto loaded = REMORA_TRY(load_image(pid, *libc, mem, lookup_options));
   // The gadgets' offsets in one libc build are the same in every process
   // that maps it: remember them per image, keyed like the image cache.
   static std::mutex cache_mu;
@@ -532,6 +604,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   Saved saved;
   int pending_stop = 0;   // a job-control stop we held back
   std::vector<int> held_signals;
+  int detach_signal = 0;    // a signal that waited for the call's end, delivered on detach
+  bool restore_mask = false;  // restored by its frame, but with the marker unblocked
   auto release = [&](bool restore) {
     if (!attached) return;
     if (restore && modified) {
@@ -540,8 +614,10 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
       (void)ptrace::set_sigmask(tid, saved.sigmask);
       (void)ptrace::set_xstate(tid, saved.xstate);
       (void)ptrace::set_regs(tid, saved.resume);
+    } else if (restore && restore_mask) {
+      (void)ptrace::set_sigmask(tid, saved.sigmask);
     }
-    (void)ptrace::detach(tid, 0);
+    (void)ptrace::detach(tid, detach_signal);
     attached = false;
     if (pending_stop != 0) {
       if (pidfd.valid()) ::syscall(SYS_pidfd_send_signal, pidfd.get(), pending_stop, nullptr, 0);
@@ -641,18 +717,28 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     }
   }
 
+  // A function call is a marked call when the frame will restore the thread
+  // exactly and the process ignores a signal the marker can use (see
+  // choose_marker). Mask-swapping calls are left out: their frame mask is
+  // only known once the stub has recorded it.
+  const bool frame_is_exact = kind != arch::RestartKind::kRestartBlock;
+  const int marker = !is_syscall && frame_is_exact && !saved.swap_mask ? choose_marker() : 0;
+  const uint64_t marker_bit = marker != 0 ? uint64_t{1} << (marker - 1) : 0;
+  const uint64_t cookie = (uint64_t{0x524d} << 48) | (++call_seq & 0xffffffffffff);
+
   // Build the frame below the red zone:
-  //   [call stack ... | all-ones mask | pretcode | ucontext | ... | fpstate (64-aligned) + magic2]
+  //   [call stack ... | result slot | all-ones mask | pretcode | ucontext | ... | fpstate (64-aligned) + magic2]
   const uint64_t top = (r0.rsp - x::kRedZone) & ~uint64_t{63};
   const uint64_t fp = (top - (saved.xstate.size() + 4)) & ~uint64_t{63};
   const uint64_t uc = (fp - sizeof(x::UContext)) & ~uint64_t{15};
   const uint64_t pretcode = uc - 8;
   const uint64_t all_mask_at = uc - 16;
+  const uint64_t result_slot = uc - 32;  // a marked call's result and cookie, zeroed here
   saved.uc = uc;
   saved.call_rsp = (uc - 256) & ~uint64_t{15};
   {
-    std::vector<std::byte> frame(fp + saved.xstate.size() + 4 - all_mask_at);
-    auto put = [&](uint64_t addr, const void* p, size_t n) { std::memcpy(frame.data() + (addr - all_mask_at), p, n); };
+    std::vector<std::byte> frame(fp + saved.xstate.size() + 4 - result_slot);
+    auto put = [&](uint64_t addr, const void* p, size_t n) { std::memcpy(frame.data() + (addr - result_slot), p, n); };
     uint64_t all = ~uint64_t{0};
     put(all_mask_at, &all, 8);
     // The return address of the bootstrap path (glibc's syscall() returns
@@ -668,36 +754,50 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     // The self-restoring path re-issues an interrupted restart_block call
     // (rt_sigreturn resets restart_block), so its frame uses the original call.
     ucx.uc_mcontext = x::sigcontext_from(x::resume_registers(frame_regs, kind, /*use_restart_syscall=*/false), fp);
-    ucx.uc_sigmask = saved.sigmask;
+    // The marker must be deliverable once the frame is restored: a thread
+    // that blocks it gets its exact mask back by ptrace afterwards (only if
+    // the controller dies first does it keep that one ignored signal
+    // unblocked).
+    ucx.uc_sigmask = saved.sigmask & ~marker_bit;
     put(uc, &ucx, sizeof ucx);
-    x::prepare_fpstate(std::span(frame.data() + (fp - all_mask_at), saved.xstate.size() + 4), saved.xstate);
-    if (auto w = mem.write(all_mask_at, frame); !w)
+    x::prepare_fpstate(std::span(frame.data() + (fp - result_slot), saved.xstate.size() + 4), saved.xstate);
+    if (auto w = mem.write(result_slot, frame); !w)
       return fail(std::move(w).error().with_context("write the restore frame on the thread's stack"));
   }
 
   // Runs the thread until the stop that ends one step; handles every other
   // stop on the way. `want_entry`: stop at the entry (true) or exit (false) of
   // syscall `nr` at instruction address `ip_after`.
-  std::string fault_text;
   uint64_t step_value = 0;
+  // The function did not return in time: take the thread back wherever it
+  // is, and abandon the call.
+  auto take_back = [&]() -> Error {
+    if (auto r = ptrace::interrupt(tid); !r) return std::move(r).error();
+    for (;;) {
+      auto s2 = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(2)));
+      if (!s2) return std::move(s2).error();
+      if (s2->kind == ptrace::Stop::Kind::kExited || s2->kind == ptrace::Stop::Kind::kKilled) return gone(*s2);
+      if (s2->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s2->sig)) pending_stop = s2->sig;
+      break;
+    }
+    return Error(Errc::kTimedOut, "the remote call did not return within the deadline; the thread was taken back "
+                                  "and restored (anything the function had done so far stays done)");
+  };
+  auto fault_error = [](const siginfo_t& si) -> Error {
+    char buf[160];
+    if (si.si_signo == SIGSYS)
+      std::snprintf(buf, sizeof buf, "the target's seccomp filter refused system call %d (SIGSYS)", si.si_syscall);
+    else
+      std::snprintf(buf, sizeof buf, "the called function faulted: SIG%s (signal %d, code %d) at address %s",
+                    sigabbrev_np(si.si_signo) ? sigabbrev_np(si.si_signo) : "?", si.si_signo, si.si_code,
+                    hex_addr(reinterpret_cast<uint64_t>(si.si_addr)).c_str());
+    return Error(Errc::kFault, std::string(buf) + "; the thread was restored to its state before the call");
+  };
   auto run_until = [&](long nr, uint64_t ip_after, bool want_entry) -> Result<void> {
     for (;;) {
       REMORA_TRY(ptrace::cont_syscall(tid, 0));
       auto s = ptrace::wait_stop(tid, deadline);
-      if (!s && s.error().code() == Errc::kTimedOut) {
-        // The function did not return in time: take the thread back wherever
-        // it is, and abandon the call.
-        REMORA_TRY(ptrace::interrupt(tid));
-        for (;;) {
-          auto s2 = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(2)));
-          if (!s2) return std::move(s2).error();
-          if (s2->kind == ptrace::Stop::Kind::kExited || s2->kind == ptrace::Stop::Kind::kKilled) return gone(*s2);
-          if (s2->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s2->sig)) pending_stop = s2->sig;
-          break;
-        }
-        return Error(Errc::kTimedOut, "the remote call did not return within the deadline; the thread was taken back "
-                                      "and restored (anything the function had done so far stays done)");
-      }
+      if (!s && s.error().code() == Errc::kTimedOut) return take_back();
       if (!s) return std::move(s).error();
       switch (s->kind) {
         case ptrace::Stop::Kind::kExited:
@@ -716,17 +816,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         }
         case ptrace::Stop::Kind::kSignalDelivery: {
           auto si = REMORA_TRY(ptrace::get_siginfo(tid));
-          if (is_fault_signal(si)) {
-            char buf[160];
-            if (si.si_signo == SIGSYS)
-              std::snprintf(buf, sizeof buf, "the target's seccomp filter refused system call %d (SIGSYS)", si.si_syscall);
-            else
-              std::snprintf(buf, sizeof buf, "the called function faulted: SIG%s (signal %d, code %d) at address %s",
-                            sigabbrev_np(si.si_signo) ? sigabbrev_np(si.si_signo) : "?", si.si_signo, si.si_code,
-                            hex_addr(reinterpret_cast<uint64_t>(si.si_addr)).c_str());
-            fault_text = buf;
-            return Error(Errc::kFault, fault_text + "; the thread was restored to its state before the call");
-          }
+          if (is_fault_signal(si)) return fault_error(si);
           if (is_job_control_stop(si.si_signo)) pending_stop = si.si_signo;
           else held_signals.push_back(si.si_signo);  // only unblockable ones get here
           continue;
@@ -736,6 +826,52 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         case ptrace::Stop::Kind::kEvent:
           continue;  // resume: the call goes on; a group stop is reinstated at detach
       }
+    }
+  };
+
+  // Runs a marked call to its end: under PTRACE_CONT until the thread, back
+  // through rt_sigreturn, stops for the marker (see choose_marker). Sets
+  // `modified` to false when the thread stands fully restored.
+  auto run_marked = [&](uint64_t stub_end) -> Result<void> {
+    const uint64_t stub_lo = *scratch, stub_hi = *scratch + x::Stub::kSize;
+    for (;;) {
+      REMORA_TRY(ptrace::cont(tid, 0));
+      auto s = ptrace::wait_stop(tid, deadline);
+      if (!s && s.error().code() == Errc::kTimedOut) return take_back();
+      if (!s) return std::move(s).error();
+      if (s->kind == ptrace::Stop::Kind::kExited || s->kind == ptrace::Stop::Kind::kKilled) return gone(*s);
+      if (s->kind != ptrace::Stop::Kind::kSignalDelivery) continue;  // group stop, interrupt: go on
+      auto si = REMORA_TRY(ptrace::get_siginfo(tid));
+      if (is_fault_signal(si)) return fault_error(si);
+      if (is_job_control_stop(si.si_signo)) {
+        pending_stop = si.si_signo;
+        continue;
+      }
+      // The cookie says the function returned; an instruction pointer
+      // outside the stub says rt_sigreturn has restored the frame.
+      auto where = REMORA_TRY(ptrace::get_syscall_info(tid));
+      std::array<uint64_t, 2> slot{};
+      REMORA_TRY(mem.read(result_slot, std::as_writable_bytes(std::span(slot))));
+      const bool returned = slot[1] == cookie;
+      if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
+        step_value = slot[0];
+        modified = false;
+        restore_mask = (saved.sigmask & marker_bit) != 0;
+        // Another signal that waited for the call dequeued before the
+        // marker: deliver it on detach (the marker, still pending, is one
+        // the process ignores).
+        if (si.si_signo != marker) detach_signal = si.si_signo;
+        return ok();
+      }
+      if (returned && si.si_signo == marker) {
+        // The function unblocked the marker itself, so it arrived inside
+        // the stub: end at the stub's rt_sigreturn instead.
+        REMORA_TRY(run_until(x::nr::kRtSigreturn, stub_end, true));
+        step_value = slot[0];
+        restore_mask = (saved.sigmask & marker_bit) != 0;
+        return ok();
+      }
+      held_signals.push_back(si.si_signo);  // only unblockable ones get here
     }
   };
 
@@ -831,17 +967,16 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     session_used = 0;
   }
 
-  // The request itself. A function call ends at the entry of the stub's
-  // rt_sigreturn on the frame: the thread is in the kernel then, and runs no
-  // more of our code. Where the frame holds exactly the resume state, that
-  // rt_sigreturn is the restore:
-  // registers, xsave area and signal mask in one system call of the thread's
-  // own, instead of three ptrace requests (setting the xsave area alone costs
-  // a kernel vmalloc per request). It holds exactly that state unless the
-  // thread was interrupted in a restart_block call: there the frame re-issues
-  // the original call (see above) while restart_syscall keeps its remaining
-  // timeout, so ptrace restores those.
-  const bool frame_is_exact = kind != arch::RestartKind::kRestartBlock;
+  // The request itself. A function call ends after the stub's rt_sigreturn
+  // on the frame (a marked call), or at its entry: either way the thread
+  // runs no more of our code. Where the frame holds exactly the resume
+  // state, that rt_sigreturn is the restore: registers, xsave area and
+  // signal mask in one system call of the thread's own, instead of three
+  // ptrace requests (setting the xsave area alone costs a kernel vmalloc per
+  // request). It holds exactly that state unless the thread was interrupted
+  // in a restart_block call: there the frame re-issues the original call
+  // (see above) while restart_syscall keeps its remaining timeout, so ptrace
+  // restores those.
   CallReport report;
   report.tid = tid;
   if (is_syscall) {
@@ -854,7 +989,10 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   } else {
     x::Regs r = r0;
     r.orig_rax = ~uint64_t{0};
-    r.rip = *scratch + x::Stub::kCallEntry;
+    r.rip = *scratch + (marker != 0 ? x::Stub::kMarkedCallEntry : x::Stub::kCallEntry);
+    r.r12 = result_slot;
+    r.r13 = static_cast<uint64_t>(marker);
+    r.r14 = cookie;
     r.r11 = fn_or_nr;
     r.rdi = args[0], r.rsi = args[1], r.rdx = args[2], r.rcx = args[3], r.r8 = args[4], r.r9 = args[5];
     r.rax = 0;  // no vector registers used by a variadic callee
@@ -865,10 +1003,16 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     if (direct) {
       if (auto m = ptrace::set_sigmask(tid, ~uint64_t{0}); !m) return fail(std::move(m).error());
     }
-    auto done = run_until(x::nr::kRtSigreturn, *scratch + x::Stub::kCallReturnSyscallEnd, true);
-    if (!done) return fail(std::move(done).error());
+    if (marker != 0) {
+      auto done = run_marked(*scratch + x::Stub::kMarkedCallReturnSyscallEnd);
+      if (!done) return fail(std::move(done).error());
+      if (modified && frame_is_exact) modified = false;  // detached at rt_sigreturn's entry
+    } else {
+      auto done = run_until(x::nr::kRtSigreturn, *scratch + x::Stub::kCallReturnSyscallEnd, true);
+      if (!done) return fail(std::move(done).error());
+      if (frame_is_exact) modified = false;  // detached at rt_sigreturn's entry, the thread restores itself
+    }
     report.value = step_value;
-    if (frame_is_exact) modified = false;  // detached at rt_sigreturn's entry, the thread restores itself
   }
   release(true);
   report.stopped = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);

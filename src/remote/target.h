@@ -97,6 +97,15 @@ class Target {
   // Address of a variable (a data symbol) of `library`; no IFUNC handling.
   Result<RemoteAddr> find_variable(std::string_view library, std::string_view symbol);
 
+  // Several symbols of one library with one read of the target's maps (each
+  // lookup alone reads them): the addresses in the order asked, or the error
+  // of the first that cannot be found.
+  struct SymbolQuery {
+    std::string_view name;
+    bool function = true;  // false: a variable
+  };
+  Result<std::vector<RemoteAddr>> find_symbols(std::string_view library, std::span<const SymbolQuery> queries);
+
   // Makes one thread call `fn` with up to six integer arguments (bytes
   // arguments are copied into the target first) and returns its result.
   Result<CallReport> call(RemoteAddr fn, std::span<const CallArg> args, const CallOptions& opts = {});

@@ -3,12 +3,15 @@
 // re-attaches and of process exit; two tools in one list; the attach
 // environment, applied and rolled back; and a forked child of an attached
 // process, attached on its own.
+#include <dlfcn.h>
 #include <sys/wait.h>
 
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "arch/x86_64.h"
 #include "attach_helpers.h"
 
 namespace remora::test {
@@ -412,6 +415,25 @@ TEST_F(Lifecycle, ForkedWhileAttachedChildIsDetachedOnItsOwn) {
   ASSERT_TRUE(d.ok()) << describe(d.error());
   EXPECT_EQ(log_.find("a:tool_detach", pid).size(), 1u) << log_.dump();
   EXPECT_TRUE(status_or_throw(child).attached);
+}
+
+}  // namespace
+}  // namespace remora::test
+
+namespace remora::test {
+namespace {
+
+// The agent carries Remora's call stubs so that calls on its listener need
+// no scratch mapping (attach.cc adopts them only when they are byte for byte
+// arch::x86_64::stub_code()). Were they to drift apart, every attach would
+// silently map a scratch of its own again.
+TEST(AgentStub, IsExactlyTheEnginesStubCode) {
+  void* agent = dlopen(REMORA_AGENT_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(agent, nullptr) << dlerror();
+  const void* stub = dlsym(agent, "remora_agent_stub");
+  ASSERT_NE(stub, nullptr) << dlerror();
+  auto want = arch::x86_64::stub_code();
+  EXPECT_EQ(std::memcmp(stub, want.data(), want.size()), 0);
 }
 
 }  // namespace
