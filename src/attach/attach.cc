@@ -63,6 +63,9 @@ struct Controller::Session {
   uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
   pid_t listener = 0;
   UniqueFd lease_fd;  // our end of the lease pipe
+  // Detached by this controller. The session itself stays, so that a
+  // re-attach finds the process open and the agent's symbols resolved.
+  bool detached = false;
 };
 
 namespace {
@@ -182,7 +185,8 @@ Controller::~Controller() = default;
 std::vector<pid_t> Controller::sessions() const {
   std::lock_guard lock(mu_);
   std::vector<pid_t> out;
-  for (const auto& [pid, s] : sessions_) out.push_back(pid);
+  for (const auto& [pid, s] : sessions_)
+    if (!s->detached) out.push_back(pid);
   return out;
 }
 
@@ -348,8 +352,10 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
         return Error(Errc::kTimedOut, "the agent did not finish loading in time (a constructor in the target may be "
                                       "blocked); the loader thread was left running");
       }
+      // The agent's dlopen takes about a millisecond: look often, without
+      // spinning.
       pause_briefly(nap);
-      nap = std::min<long>(nap * 2, 1'000'000);
+      nap = std::min<long>(nap + 20'000, 200'000);
     }
     REMORA_LOG(kAttach, "pid %d: agent dlopen returned", t.pid());
     std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(block.tid);
@@ -405,7 +411,6 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   const auto t0 = std::chrono::steady_clock::now();
   const std::string ctx = "attach to process " + std::to_string(pid);
   if (opts.tools.empty()) return Error(Errc::kInvalidArgument, "no tool library given to attach");
-  REMORA_TRY_CTX(check_environment(pid), ctx);
   auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
   std::lock_guard lock(s->mu);
   if (pidfd >= 0 && !pidfd_alive(pidfd)) return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " exited");
@@ -419,6 +424,9 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
   pid_t known_listener = 0;
   if (!loaded) {
+    // Refused through the environment: nothing is touched. (A loaded agent
+    // checks the same itself, in the target.)
+    REMORA_TRY_CTX(check_environment(pid), ctx);
     auto agent = REMORA_TRY_CTX(find_agent_library(opts.agent_path), ctx);
     known_listener = REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
     REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
@@ -428,7 +436,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   }
   // The listener starts in the agent's constructor; wait until it is there.
   remora_agent_info info{};
-  for (long nap = 20'000;; nap = std::min<long>(nap * 2, 1'000'000)) {
+  for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
     info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
     if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
       // Stopped process: the listener has not run yet to publish its tid.
@@ -511,6 +519,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     auto l = REMORA_TRY_CTX(t.call(RemoteAddr(s->lease_fn), largs, on_listener), "arm the lease");
     if (l.value != 0) return Error(Errc::kIo, "the agent could not arm the lease").with_context(ctx);
   }
+  s->detached = false;
   out.ok = true;
   out.elapsed = std::chrono::steady_clock::now() - t0;
   return out;
@@ -531,12 +540,12 @@ Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout
   auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
   std::unique_lock lock(s->mu);
   remote::Target& t = *s->target;
+  // The session stays open for a later attach; its scratch (if it has one
+  // of its own rather than the agent's) is removed now.
   auto finish = [&]() {
     (void)t.close();
     s->lease_fd.reset();
-    lock.unlock();
-    std::lock_guard g(mu_);
-    sessions_.erase(pid);
+    s->detached = true;
   };
   auto loaded = resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn);
   if (!loaded || !*loaded) {

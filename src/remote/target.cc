@@ -229,13 +229,24 @@ Result<RemoteAddr> Target::thread_trampoline(const CallOptions& opts) {
 }
 
 Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size) {
-  if (impl_->scratch && impl_->scratch_owned) REMORA_TRY(close());
-  std::lock_guard lock(impl_->mu);
-  impl_->scratch = code.addr();
-  impl_->data_base = data.addr();
-  impl_->data_size = data_size;
-  impl_->scratch_owned = false;
-  impl_->session_used = 0;
+  std::optional<uint64_t> own;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->scratch && impl_->scratch_owned) own = impl_->scratch;
+    impl_->scratch = code.addr();
+    impl_->data_base = data.addr();
+    impl_->data_size = data_size;
+    impl_->scratch_owned = false;
+    impl_->session_used = 0;
+  }
+  if (!own) return ok();
+  // Our own scratch goes, removed by a call of libc's munmap through the
+  // adopted stubs: one marked call, where a system call through libc's
+  // gadget costs two stops and a full restore.
+  CallArg args[] = {CallArg::integer(*own), CallArg::integer(kScratchSize)};
+  auto r = call_symbol("libc.so.6", "munmap", args);
+  if (!r) return std::move(r).error().with_context("remove the scratch mapping");
+  if (r->value != 0) return Error(Errc::kIo, "munmap of the scratch mapping failed in the target");
   return ok();
 }
 

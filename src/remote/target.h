@@ -138,7 +138,7 @@ class Target {
 
   // Uses code and data that already exist in the target (the agent's
   // exported remora_agent_stub and remora_agent_scratch) instead of a scratch
-  // mapping of our own, which is removed first if there is one. `code` must
+  // mapping of our own, which is then removed (by a call of munmap). `code` must
   // hold exactly arch::x86_64::stub_code(). close() then leaves them alone.
   Result<void> adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size);
 
