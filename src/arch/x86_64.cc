@@ -178,6 +178,24 @@ std::array<std::byte, Stub::kSize> stub_code() {
   static_assert(sizeof kMarkedCall == Stub::kMarkedCallReturnSyscallEnd - Stub::kMarkedCallEntry + 2);
   static_assert(sizeof kMarkedCall <= Stub::kSize - Stub::kMarkedCallEntry);
   put(Stub::kMarkedCallEntry, kMarkedCall, sizeof kMarkedCall);
+  static constexpr uint8_t kSetup[] = {
+      0x49, 0x89, 0xd0,                    // mov %rdx,%r8       (name)
+      0x49, 0x89, 0xf2,                    // mov %rsi,%r10      (size)
+      0x48, 0x89, 0xfa,                    // mov %rdi,%rdx      (base)
+      0x49, 0x89, 0xf9,                    // mov %rdi,%r9
+      0x31, 0xf6,                          // xor %esi,%esi      (PR_SET_VMA_ANON_NAME)
+      0xbf, 0x41, 0x4d, 0x56, 0x53,        // mov $0x53564d41,%edi (PR_SET_VMA)
+      0xb8, 0x9d, 0x00, 0x00, 0x00,        // mov $157,%eax      (prctl)
+      0x0f, 0x05,                          // syscall
+      0x4c, 0x89, 0xcf,                    // mov %r9,%rdi
+      0x4c, 0x89, 0xd6,                    // mov %r10,%rsi
+      0xba, 0x0a, 0x00, 0x00, 0x00,        // mov $10,%edx       (MADV_DONTFORK)
+      0xb8, 0x1c, 0x00, 0x00, 0x00,        // mov $28,%eax       (madvise)
+      0x0f, 0x05,                          // syscall
+      0xc3,                                // ret
+  };
+  static_assert(sizeof kSetup <= Stub::kSize - Stub::kScratchSetup);
+  put(Stub::kScratchSetup, kSetup, sizeof kSetup);
   return code;
 }
 

@@ -131,6 +131,12 @@ void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::
 //    dequeued, and a tracer sees a signal-delivery stop of exactly that
 //    signal with the thread already restored. Untraced (the controller
 //    died) the marker is a signal the process ignores, and is discarded.
+//  scratch setup (a function: rdi = base, rsi = size, rdx = name):
+//    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) (its failure
+//    on kernels without anonymous VMA names is harmless), then returns
+//    madvise(base, size, MADV_DONTFORK). Run once as the marked call that
+//    completes a new scratch mapping: two system calls that would otherwise
+//    cost two ptrace stops each.
 struct Stub {
   static constexpr uint64_t kThreadTrampoline = 64;
   static constexpr uint64_t kCallEntry = 0;
@@ -140,7 +146,8 @@ struct Stub {
   static constexpr uint64_t kSyscallReturnSyscallEnd = 47;
   static constexpr uint64_t kMarkedCallEntry = 128;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = 128 + 0x37;  // rip after its rt_sigreturn
-  static constexpr size_t kSize = 192;
+  static constexpr uint64_t kScratchSetup = 192;
+  static constexpr size_t kSize = 256;
 };
 std::array<std::byte, Stub::kSize> stub_code();
 

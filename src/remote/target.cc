@@ -27,7 +27,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -46,10 +45,6 @@
 #include "remote/lookup.h"
 #include "remote/memory.h"
 
-#ifndef PR_SET_VMA
-#define PR_SET_VMA 0x53564d41
-#define PR_SET_VMA_ANON_NAME 0
-#endif
 
 namespace remora::remote {
 
@@ -79,6 +74,9 @@ constexpr uint64_t kScratchData = kPage;
 // the rest holds the byte arguments of one call.
 constexpr uint64_t session_area(uint64_t data_size) { return (data_size / 4) & ~uint64_t{15}; }
 constexpr int kSigprocmaskBlock = 0;  // SIG_BLOCK
+// The request of the transaction that creates the scratch: a call of the
+// scratch's own setup routine, whose address only exists once it is mapped.
+constexpr uint64_t kSetupRequest = ~uint64_t{0};
 
 // "process 4242", or "process 4242 (pid 7 in its own pid namespace)" when the
 // target lives in another pid namespace: users give the pid they see, the
@@ -155,6 +153,7 @@ struct Target::Impl {
   Result<RemoteAddr> lookup(std::string_view library, std::string_view symbol, bool function,
                             std::vector<procfs::MapEntry>& maps);
   int choose_marker();
+  Result<void> ensure_scratch(pid_t tid, std::chrono::milliseconds timeout);
   Result<CallReport> transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                               const Deadline& deadline);
   Result<CallReport> run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
@@ -213,7 +212,7 @@ Target::~Target() { (void)close(); }
 Result<RemoteAddr> Target::scratch_alloc(size_t size, const CallOptions& opts) {
   std::lock_guard lock(impl_->mu);
   uint64_t rounded = (static_cast<uint64_t>(size) + 15) & ~uint64_t{15};
-  if (!impl_->scratch) REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
+  REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   const uint64_t area = session_area(impl_->data_size);
   if (rounded > area - impl_->session_used)
     return Error(Errc::kInvalidArgument, "scratch session memory exhausted (" + std::to_string(size) + " bytes asked)");
@@ -224,7 +223,7 @@ Result<RemoteAddr> Target::scratch_alloc(size_t size, const CallOptions& opts) {
 
 Result<RemoteAddr> Target::thread_trampoline(const CallOptions& opts) {
   std::lock_guard lock(impl_->mu);
-  if (!impl_->scratch) REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
+  REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   return RemoteAddr(*impl_->scratch + x::Stub::kThreadTrampoline);
 }
 
@@ -359,8 +358,7 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
   for (const auto& a : args)
     if (a.kind == CallArg::Kind::kBytes) total += (a.bytes.size() + 15) & ~uint64_t{15};
   if (total > 0 && !impl_->scratch) {
-    // One cheap remote syscall creates the scratch mapping.
-    REMORA_TRY(impl_->run(opts.tid, true, x::nr::kGetpid, {}, opts.timeout));
+    REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   }
   const uint64_t room = impl_->data_size - session_area(impl_->data_size);
   if (total > room)
@@ -452,6 +450,14 @@ Result<pid_t> Target::Impl::pick_thread() {
   if (best == 0) return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " has no live thread left");
   preferred_tid = best;
   return best;
+}
+
+// Creates the scratch mapping if there is none: one transaction, whose
+// request is the new scratch's setup routine (see transact).
+Result<void> Target::Impl::ensure_scratch(pid_t tid, std::chrono::milliseconds timeout) {
+  if (scratch) return ok();
+  REMORA_TRY(run(tid, false, kSetupRequest, {}, timeout));
+  return ok();
 }
 
 // ---------------------------------------------------------------------------
@@ -957,12 +963,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     auto steps = [&]() -> Result<void> {
       auto code = x::stub_code();
       REMORA_TRY(mem.write(b, code));
-      // Named so that a person reading /proc/PID/maps sees what it is
-      // (Linux 5.17+ with CONFIG_ANON_VMA_NAME; failure is harmless).
+      // Its name, for the setup routine (below).
       REMORA_TRY(mem.write(b + kScratchData, std::as_bytes(std::span(kName))));
-      REMORA_TRY(do_syscall(x::nr::kPrctl, {PR_SET_VMA, PR_SET_VMA_ANON_NAME, b, kScratchSize, b + kScratchData, 0}));
-      // A fork of the target must not inherit it.
-      REMORA_TRY(do_syscall(x::nr::kMadvise, {b, kScratchSize, MADV_DONTFORK, 0, 0, 0}));
       auto prot = REMORA_TRY(do_syscall(x::nr::kMprotect, {b, kPage, PROT_READ | PROT_EXEC, 0, 0, 0}));
       if (prot != 0) return Error(Errc::kIo, "mprotect of the stub page failed in the target", static_cast<int>(-static_cast<int64_t>(prot)));
       return ok();
@@ -976,6 +978,14 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     data_size = kScratchSize - kScratchData;
     scratch_owned = true;
     session_used = 0;
+    if (!is_syscall && fn_or_nr == kSetupRequest) {
+      // The request is the scratch's own setup (arch::x86_64::Stub): named
+      // so that a person reading /proc/PID/maps sees what it is (Linux
+      // 5.17+ with CONFIG_ANON_VMA_NAME; failure is harmless), and never
+      // inherited by a fork of the target.
+      fn_or_nr = b + x::Stub::kScratchSetup;
+      args = {b, kScratchSize, b + kScratchData, 0, 0, 0};
+    }
   }
 
   // The request itself. A function call ends after the stub's rt_sigreturn
