@@ -585,6 +585,9 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
   Deadline deadline = Deadline::after(timeout);
   // libc's gadgets are needed only to create or remove our own scratch.
   if (!gadgets && (!scratch || force_gadget)) gadgets = REMORA_TRY(find_gadgets());
+  // Every request but the setup itself finds the scratch complete.
+  const bool is_setup = !is_syscall && fn_or_nr == kSetupRequest;
+  if (!scratch && !is_setup) REMORA_TRY(ensure_scratch(tid, timeout));
   if (tid == 0) {
     tid = REMORA_TRY(pick_thread());
   } else {

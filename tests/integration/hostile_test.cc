@@ -7,7 +7,10 @@
 // system call), close(); then the target must report no anomaly, the same
 // fds and mappings as at the snapshot, and exactly as many probe calls as
 // succeeded here. The test process's own fd count must not grow either.
+#include <fstream>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,6 +26,17 @@
 
 namespace remora::test {
 namespace {
+
+// Whether this kernel names anonymous mappings (CONFIG_ANON_VMA_NAME): the
+// same prctl the scratch setup makes, tried on a page of our own.
+bool kernel_names_anonymous_mappings() {
+  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  bool ok = prctl(0x53564d41 /* PR_SET_VMA */, 0 /* PR_SET_VMA_ANON_NAME */, reinterpret_cast<unsigned long>(p), 4096UL,
+                  reinterpret_cast<unsigned long>("probe")) == 0;
+  munmap(p, 4096);
+  return ok;
+}
 
 using namespace std::chrono_literals;
 using remote::CallArg;
@@ -114,6 +128,29 @@ void exercise(Target& t, const std::map<std::string, pid_t>& tids, Counts* count
     EXPECT_EQ(static_cast<pid_t>(sys->value), t.ns_pid());
   } else {
     ADD_FAILURE() << "syscall(getpid): " << describe(sys.error());
+  }
+
+  // The scratch mapping named itself and stays out of forks (its setup
+  // routine's prctl and madvise): its smaps entry says so.
+  if (auto base = t.scratch_address()) {
+    std::ifstream smaps("/proc/" + std::to_string(t.pid()) + "/smaps");
+    char start[32];
+    std::snprintf(start, sizeof start, "%llx-", static_cast<unsigned long long>(*base));
+    std::string line, header, flags;
+    while (std::getline(smaps, line)) {
+      if (header.empty()) {
+        if (line.rfind(start, 0) == 0) header = line;
+      } else if (line.rfind("VmFlags:", 0) == 0) {
+        flags = line;
+        break;
+      }
+    }
+    if (kernel_names_anonymous_mappings()) {
+      EXPECT_NE(header.find("[anon:remora-scratch]"), std::string::npos) << header;
+    }
+    EXPECT_NE(flags.find(" dc"), std::string::npos) << "not MADV_DONTFORK: " << flags;
+  } else {
+    ADD_FAILURE() << "no scratch mapping after calls that needed one";
   }
 
   auto closed = t.close();
