@@ -14,7 +14,13 @@
 //    own stack below the red zone, 16-byte aligned.
 //  * A frame built on T's stack lets T restore itself (rt_sigreturn) if the
 //    controller dies at any instant: the target goes on running correctly.
-//    In that case only the scratch mapping (two pages) remains.
+//    In that case only the scratch mapping (64 KiB) remains. The same
+//    rt_sigreturn is the normal restore wherever the frame is exact.
+//  * A function runs under PTRACE_CONT: its own system calls cost no ptrace
+//    stops. The call ends at a signal the process ignores, which the stub
+//    sends itself and which is dequeued only once T is restored (a "marked
+//    call", see choose_marker in remote/target.cc). Where no such signal
+//    exists, the call ends at the stub's rt_sigreturn under PTRACE_SYSCALL.
 //  * Signals that arrive meanwhile stay pending and are delivered afterwards;
 //    a job-control stop that arrives meanwhile leaves the process stopped.
 //
