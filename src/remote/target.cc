@@ -129,7 +129,6 @@ struct Target::Impl {
   uint64_t session_used = 0;  // bytes handed out by scratch_alloc
   // Marked calls (see choose_marker): the process's signal dispositions, as
   // last read, and a counter for the cookies that prove a call returned.
-  bool use_marker = true;
   uint64_t sig_ign = 0, sig_cgt = 0;
   int seccomp = 0;
   Clock::time_point dispositions_read{};
@@ -478,7 +477,6 @@ Result<void> Target::Impl::ensure_scratch(pid_t tid, std::chrono::milliseconds t
 // filter might refuse the stub's tgkill: the call then ends at the stub's
 // rt_sigreturn under PTRACE_SYSCALL, as before.
 int Target::Impl::choose_marker() {
-  if (!use_marker) return 0;
   const auto now = Clock::now();
   if (now - dispositions_read > std::chrono::milliseconds(250)) {
     auto st = procfs::read_status(pid);
