@@ -272,11 +272,13 @@ Result<void> Target::write(RemoteAddr addr, std::span<const std::byte> in) {
 // One lookup, with the maps the caller read (IFUNC resolution may re-read them).
 Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_view symbol, bool function,
                                         std::vector<procfs::MapEntry>& maps) {
-  const std::string ctx = std::string("find ") + (function ? "" : "variable ") + std::string(symbol) + " in " +
-                          process_str(pid, ns_pid);
+  // Built only on an error: a cache hit is the common case.
+  auto ctx = [&] {
+    return std::string("find ") + (function ? "" : "variable ") + std::string(symbol) + " in " + process_str(pid, ns_pid);
+  };
   if (!function) {
     auto sym = REMORA_TRY_CTX(resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, false, &maps, &images),
-                              ctx);
+                              ctx());
     return RemoteAddr(sym.address);
   }
   auto key = std::make_pair(std::string(library), std::string(symbol));
@@ -291,7 +293,7 @@ Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_vi
     symbols.erase(it);
   }
   auto sym = REMORA_TRY_CTX(resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, true, &maps, &images),
-                            ctx);
+                            ctx());
   uint64_t address = sym.address;
   if (sym.ifunc) {
     // An IFUNC symbol (strlen, memcpy...) is a resolver that returns the
@@ -299,7 +301,7 @@ Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_vi
     auto chosen = REMORA_TRY_CTX(run(0, false, sym.address, {}, std::chrono::milliseconds(5000)),
                                  "resolve IFUNC " + std::string(symbol));
     address = chosen.value;
-    maps = REMORA_TRY_CTX(procfs::read_maps(pid), ctx);
+    maps = REMORA_TRY_CTX(procfs::read_maps(pid), ctx());
   }
   if (const auto* m = mapped_from(address)) symbols[key] = {address, m->dev(), m->inode};
   return RemoteAddr(address);
