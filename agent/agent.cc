@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -455,6 +456,15 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
   rc = finish(rc);
   pthread_mutex_unlock(&g_lock);
   return rc;
+}
+
+// The first attach after the agent was loaded. [scratch, scratch + size) is
+// the controller's own scratch mapping, through which it loaded the agent;
+// no thread runs in it any more, and removing it here saves a remote call.
+REMORA_EXPORT int remora_agent_attach_unmap(const void* env_buffer, const char* tool_list, void* scratch,
+                                            size_t size) {
+  if (scratch != nullptr && size != 0) munmap(scratch, size);
+  return remora_agent_attach(env_buffer, tool_list);
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {

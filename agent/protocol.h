@@ -63,6 +63,11 @@ struct remora_agent_info {
  *     env_buffer: [uint32 count] then count pairs "NAME\0VALUE\0" (may be NULL).
  *     tool_list: colon-separated entries "PATH" or "NAME|PATH" (NAME: how
  *     the tool is known and compared on re-attach; PATH: what to dlopen).
+ * int remora_agent_attach_unmap(const void* env_buffer, const char* tool_list,
+ *                               void* scratch, size_t size);
+ *     The same, after removing [scratch, scratch + size): the controller's
+ *     own mapping that loaded the agent, which no thread runs in any more.
+ *     Used for the first attach; an agent without it gets a munmap call.
  * int remora_agent_detach(void);
  * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
  *     read_fd: read end of a pipe whose only write end the controller holds

@@ -2,10 +2,12 @@
 //   first attach   into a fresh process (the agent is not loaded yet)
 //   re-attach      attach + detach cycles once the agent is in
 //   tree of 32     attach_tree over a parent with 31 children, fresh processes
-//   stall          the largest gap seen by a spinning thread of the target
-//                  while cycles run, against a baseline period without them
+//   in-process     the floor of any injector: a fresh process that loads the
+//                  agent and attaches the tool itself (dlopen, the agent's
+//                  listener thread, the tool's dlopen and hooks), no ptrace
 // The payload is the smallest tool there is (the test hook tool with no log
 // file), so the figures are Remora's own cost.
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,6 +97,33 @@ void spawn_tree(Tree& t, int children) {
   }
 }
 
+// The same work done by the process itself, timed inside a fresh child:
+// dlopen the agent (its constructor starts the listener), then attach the
+// tool through the agent's own entry point. What a remote attach adds is
+// the difference.
+double in_process_us(const std::string& agent, const std::string& tool) {
+  int fds[2];
+  if (pipe(fds)) die("pipe");
+  pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {
+    close(fds[0]);
+    auto t0 = Clock::now();
+    void* h = dlopen(agent.c_str(), RTLD_NOW | RTLD_NODELETE);
+    using AttachFn = int (*)(const void*, const char*);
+    auto attach = h ? reinterpret_cast<AttachFn>(dlsym(h, "remora_agent_attach")) : nullptr;
+    double us = attach && attach(nullptr, tool.c_str()) == 0 ? us_since(t0) : -1;
+    (void)!write(fds[1], &us, sizeof us);
+    _exit(0);
+  }
+  close(fds[1]);
+  double us = -1;
+  if (read(fds[0], &us, sizeof us) != sizeof us || us < 0) die("in-process load failed");
+  close(fds[0]);
+  waitpid(pid, nullptr, 0);
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +132,9 @@ int main(int argc, char** argv) {
   AttachOptions opts;
   opts.agent_path = argv[1];
   opts.tools = {argv[2]};
+
+  std::vector<double> floor;
+  for (int i = 0; i < 5; ++i) floor.push_back(in_process_us(opts.agent_path, opts.tools[0]));
 
   std::vector<double> first;
   for (int i = 0; i < 5; ++i) {
@@ -148,12 +180,15 @@ int main(int argc, char** argv) {
     (void)tc.detach_tree(t.root);
   }
 
-  auto f = stats(first), ra = stats(reattach), de = stats(detach), tr = stats(tree32);
+  auto fl = stats(floor), f = stats(first), ra = stats(reattach), de = stats(detach), tr = stats(tree32);
   std::printf("| measurement | median | p99 / max |\n|---|---|---|\n");
+  std::printf("| in-process floor (the process loads agent and tool itself), n=%zu | %.0f us | %.0f us |\n",
+              floor.size(), fl.median, fl.p99);
   std::printf("| first attach (agent injected), n=%zu | %.0f us | %.0f us |\n", first.size(), f.median, f.p99);
   std::printf("| re-attach (agent loaded), n=%d | %.0f us | %.0f us |\n", cycles, ra.median, ra.p99);
   std::printf("| detach, n=%d | %.0f us | %.0f us |\n", cycles, de.median, de.p99);
   std::printf("| attach_tree, 32 fresh processes, n=%zu | %.1f ms | %.1f ms |\n", tree32.size(), tr.median / 1000,
               tr.p99 / 1000);
+  std::printf("\nfirst attach / in-process floor: %.1fx\n", f.median / fl.median);
   return 0;
 }

@@ -55,12 +55,18 @@ using remote::CallOptions;
 
 constexpr char kAgentName[] = "libremora-agent.so";
 
+// The agent's exported entry points and info block in one process.
+struct AgentSymbols {
+  uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
+  uint64_t attach_unmap_fn = 0;  // 0 for an agent older than this entry point
+};
+
 struct Controller::Session {
   std::mutex mu;
   pid_t pid = 0;
   UniqueFd pidfd;
   std::unique_ptr<remote::Target> target;
-  uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
+  AgentSymbols agent;
   pid_t listener = 0;
   UniqueFd lease_fd;  // our end of the lease pipe
   // Detached by this controller. The session itself stays, so that a
@@ -214,27 +220,30 @@ Result<std::shared_ptr<Controller::Session>> Controller::session_for(pid_t pid, 
 namespace {
 
 // Resolves the agent's entry points if it is loaded; false when it is not.
-Result<bool> resolve_agent(remote::Target& t, uint64_t* info, uint64_t* attach_fn, uint64_t* detach_fn,
-                           uint64_t* lease_fn) {
-  auto maps = REMORA_TRY(procfs::read_maps(t.pid()));
-  if (!remote::find_library(t.pid(), maps, kAgentName)) return false;
-  const remote::Target::SymbolQuery entry_points[] = {{"remora_agent_info", false},
-                                                      {"remora_agent_attach"},
-                                                      {"remora_agent_detach"},
-                                                      {"remora_agent_set_lease"}};
-  auto found = REMORA_TRY(t.find_symbols(kAgentName, entry_points));
-  *info = found[0].addr();
-  *attach_fn = found[1].addr();
-  *detach_fn = found[2].addr();
-  *lease_fn = found[3].addr();
+// One read of the maps for everything. `retire_own`: our own scratch, if
+// the agent's stubs replace it, is left for the caller to have removed
+// (see Target::take_retired_scratch) rather than removed by a call now.
+Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own = false) {
+  const remote::Target::SymbolQuery queries[] = {{"remora_agent_info", false},
+                                                 {"remora_agent_attach"},
+                                                 {"remora_agent_detach"},
+                                                 {"remora_agent_set_lease"},
+                                                 {"remora_agent_attach_unmap", true, false},
+                                                 {"remora_agent_stub", true, false},
+                                                 {"remora_agent_scratch", false, false}};
+  auto found = t.find_symbols(kAgentName, queries);
+  if (!found && found.error().code() == Errc::kLibraryNotMapped) return false;
+  if (!found) return std::move(found).error();
+  const auto& f = *found;
+  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(), f[4].addr()};
   // Calls from now on run through the agent's own stubs and buffer: no
   // scratch mapping of ours stays in the process. Adopted only if the bytes
   // are exactly ours (an agent of another build may differ).
-  const remote::Target::SymbolQuery stubs[] = {{"remora_agent_stub"}, {"remora_agent_scratch", false}};
-  if (auto own = t.find_symbols(kAgentName, stubs)) {
+  if (!f[5].null() && !f[6].null()) {
     auto want = x::stub_code();
     std::array<std::byte, x::Stub::kSize> have{};
-    if (t.read((*own)[0], have) && have == want) REMORA_TRY(t.adopt_scratch((*own)[0], (*own)[1], REMORA_AGENT_SCRATCH_SIZE));
+    if (t.read(f[5], have) && have == want)
+      REMORA_TRY(t.adopt_scratch(f[5], f[6], REMORA_AGENT_SCRATCH_SIZE, /*remove_own=*/!retire_own));
   }
   return true;
 }
@@ -420,7 +429,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   out.pid = pid;
 
   REMORA_LOG(kAttach, "pid %d: session ready", pid);
-  bool loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
+  bool loaded = REMORA_TRY_CTX(resolve_agent(t, &s->agent), ctx);
   REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
   pid_t known_listener = 0;
   if (!loaded) {
@@ -430,20 +439,28 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     auto agent = REMORA_TRY_CTX(find_agent_library(opts.agent_path), ctx);
     known_listener = REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
     REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
-    loaded = REMORA_TRY_CTX(resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn), ctx);
+    loaded = REMORA_TRY_CTX(resolve_agent(t, &s->agent, /*retire_own=*/true), ctx);
     if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
     out.agent_loaded_now = true;
   }
+  // Our retired scratch (above) normally goes within the attach call; if a
+  // step fails before that call took it, it is removed by a call of its own.
+  struct RemoveRetired {
+    remote::Target& t;
+    ~RemoveRetired() {
+      if (auto m = t.take_retired_scratch()) (void)t.remove_scratch(*m);
+    }
+  } remove_retired{t};
   // The listener starts in the agent's constructor; wait until it is there.
   remora_agent_info info{};
   for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
-    info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
     if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
       // Stopped process: the listener has not run yet to publish its tid.
       // Publish it for it, so that later sessions find it too.
       info.listener_tid = known_listener;
       int32_t tid = known_listener;
-      (void)t.write(RemoteAddr(s->info + offsetof(remora_agent_info, listener_tid)),
+      (void)t.write(RemoteAddr(s->agent.info + offsetof(remora_agent_info, listener_tid)),
                     std::as_bytes(std::span(&tid, 1)));
     }
     if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid != 0) break;
@@ -484,13 +501,26 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   }
   REMORA_LOG(kAttach, "pid %d: tools visible", pid);
   auto env = encode_env(opts.env);
-  CallArg args[] = {CallArg::buffer(env), CallArg::string(list)};
-  auto rc = t.call(RemoteAddr(s->attach_fn), args, on_listener);
+  // Our scratch mapping, which loaded the agent, goes within the attach
+  // call itself: the agent removes it first (nothing runs in it any more).
+  auto retired = t.take_retired_scratch();
+  if (retired && s->agent.attach_unmap_fn == 0) {
+    if (auto r = t.remove_scratch(*retired); !r) return std::move(r).error().with_context(ctx);
+    retired.reset();
+  }
+  std::vector<CallArg> args = {CallArg::buffer(env), CallArg::string(list)};
+  uint64_t attach_fn = s->agent.attach_fn;
+  if (retired) {
+    args.push_back(CallArg::integer(retired->start.addr()));
+    args.push_back(CallArg::integer(retired->size));
+    attach_fn = s->agent.attach_unmap_fn;
+  }
+  auto rc = t.call(RemoteAddr(attach_fn), args, on_listener);
   for (auto& v : visible) (void)remote::release(t, v);
   if (!rc) return std::move(rc).error().with_context(ctx);
   int code = static_cast<int>(static_cast<int32_t>(rc->value));
   if (code != REMORA_AGENT_OK) {
-    info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
     info.message[sizeof info.message - 1] = '\0';
     return Error(errc_for_agent(code), info.message).with_context(ctx);
   }
@@ -516,7 +546,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
       return Error::from_errno("open " + wpath).with_context("arm the lease");
     }
     CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])), CallArg::integer(static_cast<uint64_t>(getpid()))};
-    auto l = REMORA_TRY_CTX(t.call(RemoteAddr(s->lease_fn), largs, on_listener), "arm the lease");
+    auto l = REMORA_TRY_CTX(t.call(RemoteAddr(s->agent.lease_fn), largs, on_listener), "arm the lease");
     if (l.value != 0) return Error(Errc::kIo, "the agent could not arm the lease").with_context(ctx);
   }
   s->detached = false;
@@ -547,22 +577,22 @@ Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout
     s->lease_fd.reset();
     s->detached = true;
   };
-  auto loaded = resolve_agent(t, &s->info, &s->attach_fn, &s->detach_fn, &s->lease_fn);
+  auto loaded = resolve_agent(t, &s->agent);
   if (!loaded || !*loaded) {
     finish();
     if (!loaded) return std::move(loaded).error().with_context(ctx);
     return Error(Errc::kNotAttached, "no Remora agent in process " + std::to_string(pid) + ": nothing is attached")
         .with_context(ctx);
   }
-  auto info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
-  auto rc = t.call(RemoteAddr(s->detach_fn), {}, CallOptions{info.listener_tid, timeout});
+  auto info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
+  auto rc = t.call(RemoteAddr(s->agent.detach_fn), {}, CallOptions{info.listener_tid, timeout});
   if (!rc) {
     finish();
     return std::move(rc).error().with_context(ctx);
   }
   int code = static_cast<int>(static_cast<int32_t>(rc->value));
   if (code != REMORA_AGENT_OK) {
-    info = REMORA_TRY_CTX(read_info(t, s->info), ctx);
+    info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
     info.message[sizeof info.message - 1] = '\0';
     finish();
     return Error(errc_for_agent(code), info.message).with_context(ctx);

@@ -121,6 +121,7 @@ struct Target::Impl {
   std::optional<uint64_t> scratch;  // address of the stub code
   uint64_t data_base = 0, data_size = 0;
   bool scratch_owned = false;       // our own mapping (munmap at close), or adopted
+  std::optional<uint64_t> retired;  // our own mapping, replaced by adopted stubs, not yet removed
   std::optional<Gadgets> gadgets;
   pid_t preferred_tid = 0;  // the last thread that worked well
   // Run system calls through libc's gadgets even when the scratch exists:
@@ -226,7 +227,7 @@ Result<RemoteAddr> Target::thread_trampoline(const CallOptions& opts) {
   return RemoteAddr(*impl_->scratch + x::Stub::kThreadTrampoline);
 }
 
-Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size) {
+Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size, bool remove_own) {
   std::optional<uint64_t> own;
   {
     std::lock_guard lock(impl_->mu);
@@ -236,16 +237,32 @@ Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data
     impl_->data_size = data_size;
     impl_->scratch_owned = false;
     impl_->session_used = 0;
+    if (own && !remove_own) {
+      impl_->retired = own;
+      return ok();
+    }
   }
   if (!own) return ok();
-  // Our own scratch goes, removed by a call of libc's munmap through the
-  // adopted stubs: one marked call, where a system call through libc's
-  // gadget costs two stops and a full restore.
-  CallArg args[] = {CallArg::integer(*own), CallArg::integer(kScratchSize)};
+  return remove_scratch(Mapping{RemoteAddr(*own), kScratchSize});
+}
+
+// Our own scratch goes, removed by a call of libc's munmap through the
+// adopted stubs: one marked call, where a system call through libc's gadget
+// costs two stops and a full restore.
+Result<void> Target::remove_scratch(const Mapping& m) {
+  CallArg args[] = {CallArg::integer(m.start.addr()), CallArg::integer(m.size)};
   auto r = call_symbol("libc.so.6", "munmap", args);
   if (!r) return std::move(r).error().with_context("remove the scratch mapping");
   if (r->value != 0) return Error(Errc::kIo, "munmap of the scratch mapping failed in the target");
   return ok();
+}
+
+std::optional<Target::Mapping> Target::take_retired_scratch() {
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->retired) return std::nullopt;
+  Mapping m{RemoteAddr(*impl_->retired), kScratchSize};
+  impl_->retired.reset();
+  return m;
 }
 
 void Target::abandon_scratch() {
@@ -338,7 +355,14 @@ Result<std::vector<RemoteAddr>> Target::find_symbols(std::string_view library, s
   auto maps = REMORA_TRY(impl_->maps_for_lookup());
   std::vector<RemoteAddr> out;
   out.reserve(queries.size());
-  for (const auto& q : queries) out.push_back(REMORA_TRY(impl_->lookup(library, q.name, q.function, maps)));
+  for (const auto& q : queries) {
+    auto addr = impl_->lookup(library, q.name, q.function, maps);
+    if (!addr && !q.required && addr.error().code() == Errc::kSymbolNotFound) {
+      out.emplace_back();
+      continue;
+    }
+    out.push_back(REMORA_TRY(std::move(addr)));
+  }
   return out;
 }
 
@@ -388,6 +412,7 @@ Result<CallReport> Target::syscall(long nr, std::span<const uint64_t> args, cons
 
 Result<void> Target::close() {
   if (!impl_) return ok();
+  if (auto m = take_retired_scratch()) REMORA_TRY(remove_scratch(*m));
   std::lock_guard lock(impl_->mu);
   if (!impl_->scratch) return ok();
   if (!impl_->scratch_owned) {

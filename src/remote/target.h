@@ -108,7 +108,8 @@ class Target {
   // of the first that cannot be found.
   struct SymbolQuery {
     std::string_view name;
-    bool function = true;  // false: a variable
+    bool function = true;   // false: a variable
+    bool required = true;   // false: a null address when the library lacks it
   };
   Result<std::vector<RemoteAddr>> find_symbols(std::string_view library, std::span<const SymbolQuery> queries);
 
@@ -146,7 +147,20 @@ class Target {
   // exported remora_agent_stub and remora_agent_scratch) instead of a scratch
   // mapping of our own, which is then removed (by a call of munmap). `code` must
   // hold exactly arch::x86_64::stub_code(). close() then leaves them alone.
-  Result<void> adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size);
+  // With `remove_own` false, our own mapping is retired instead of removed:
+  // nothing runs in it any more, and take_retired_scratch() hands it to a
+  // caller that has the target remove it within a call it makes anyway
+  // (one remote call fewer). close() removes it if nobody took it.
+  Result<void> adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size, bool remove_own = true);
+  struct Mapping {
+    RemoteAddr start;
+    size_t size = 0;
+  };
+  // The retired scratch mapping, once: its removal is the caller's from now on.
+  std::optional<Mapping> take_retired_scratch();
+  // Removes a retired scratch mapping by a call of munmap through the
+  // adopted stubs.
+  Result<void> remove_scratch(const Mapping& m);
 
   // Forgets the scratch mapping without removing it: for when a thread of
   // the target may still execute in it (a loader thread that never came

@@ -160,6 +160,18 @@ inline bool agent_mapped(pid_t pid) {
   return false;
 }
 
+// Mappings of the process that a fork does not copy (VmFlags "dc"). Remora's
+// own scratch mapping is the only one the test targets have: a count back
+// at its value before the attach says the scratch is gone.
+inline int dontfork_mappings(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
+  std::string l;
+  int n = 0;
+  while (std::getline(in, l))
+    if (l.rfind("VmFlags:", 0) == 0 && (l + " ").find(" dc ") != std::string::npos) ++n;
+  return n;
+}
+
 // getenv(name) run inside the target by a remote call; nullopt when unset.
 inline std::optional<std::string> remote_getenv(pid_t pid, const std::string& name) {
   auto t = open_target(pid);

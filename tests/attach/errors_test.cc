@@ -60,10 +60,13 @@ TEST_F(AttachErrors, RefusedByTheAgentAfterSetenv) {
 TEST_F(AttachErrors, ToolWithoutConfigureAttachIsNotAttachable) {
   TargetProcess target("remora_attach_target");
   const pid_t pid = target.pid();
+  const int dontfork_before = dontfork_mappings(pid);
   Controller c;
   auto r = c.attach(pid, options_for(log_, {kToolNoAttach}));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), Errc::kNotAttachable) << describe(r.error());
+  // The agent removed the scratch that loaded it, although the attach failed.
+  EXPECT_EQ(dontfork_mappings(pid), dontfork_before);
   EXPECT_TRUE(contains_icase(r.error().to_string(), "remora_configure_attach")) << describe(r.error());
   EXPECT_TRUE(log_.lines().empty()) << log_.dump();
   auto st = status_or_throw(pid);
@@ -182,6 +185,7 @@ TEST_F(AttachErrors, TargetExitingDuringAttach) {
 TEST_F(AttachErrors, MissingToolOrAgentLibrary) {
   TargetProcess target("remora_attach_target");
   const pid_t pid = target.pid();
+  const int dontfork_before = dontfork_mappings(pid);
   Controller c;
   const std::string missing = "/nonexistent/libremora-no-such-tool.so";
   auto r = c.attach(pid, options_for(log_, {missing}));
@@ -189,6 +193,10 @@ TEST_F(AttachErrors, MissingToolOrAgentLibrary) {
   EXPECT_EQ(r.error().code(), Errc::kInvalidArgument) << describe(r.error());
   EXPECT_TRUE(contains_icase(r.error().to_string(), missing)) << describe(r.error());
   EXPECT_FALSE(status_or_throw(pid).attached);
+  // The agent got loaded before the tool was found missing: the scratch that
+  // loaded it is removed all the same, without an attach call to carry it.
+  EXPECT_TRUE(agent_mapped(pid));
+  EXPECT_EQ(dontfork_mappings(pid), dontfork_before);
 
   // Also when it follows a good tool: nothing gets loaded.
   r = c.attach(pid, options_for(log_, {kToolA, missing}));

@@ -46,6 +46,7 @@ TEST_F(Lifecycle, FirstAttachRunsEveryHookInOrderOnTheListener) {
   const pid_t main_tid = target.tids().at("main");
   target.snapshot();
   EXPECT_FALSE(agent_mapped(pid));
+  const int dontfork_before = dontfork_mappings(pid);
 
   Controller c;
   auto r = c.attach(pid, options_for(log_));
@@ -53,6 +54,8 @@ TEST_F(Lifecycle, FirstAttachRunsEveryHookInOrderOnTheListener) {
   EXPECT_TRUE(r->ok);
   EXPECT_TRUE(r->agent_loaded_now);
   EXPECT_EQ(r->pid, pid);
+  // The scratch mapping that loaded the agent went within the attach call.
+  EXPECT_EQ(dontfork_mappings(pid), dontfork_before);
 
   auto st = status_or_throw(pid);
   EXPECT_TRUE(st.agent_loaded);
