@@ -134,10 +134,10 @@ int main(int argc, char** argv) {
   opts.tools = {argv[2]};
 
   std::vector<double> floor;
-  for (int i = 0; i < 5; ++i) floor.push_back(in_process_us(opts.agent_path, opts.tools[0]));
+  for (int i = 0; i < 15; ++i) floor.push_back(in_process_us(opts.agent_path, opts.tools[0]));
 
   std::vector<double> first;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 15; ++i) {
     Tree t;
     spawn_tree(t, 0);
     Controller c;

@@ -267,9 +267,13 @@ Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
 Result<void> precheck_attach(pid_t pid) {
   auto st = procfs::read_status(pid);
   if (!st) return std::move(st).error();
-  if (st->tracer_pid != 0) {
-    std::string who = std::to_string(st->tracer_pid);
-    if (auto tst = procfs::read_status(st->tracer_pid)) who += " (" + tst->name + ")";
+  return precheck_attach(pid, *st);
+}
+
+Result<void> precheck_attach(pid_t pid, const procfs::Status& st) {
+  if (st.tracer_pid != 0) {
+    std::string who = std::to_string(st.tracer_pid);
+    if (auto tst = procfs::read_status(st.tracer_pid)) who += " (" + tst->name + ")";
     return Error(Errc::kTracedByOther,
                  "process " + std::to_string(pid) + " is already traced by process " + who +
                      "; a process can have only one tracer: detach that debugger or tracer (or wait for it "

@@ -18,6 +18,7 @@
 #include "arch/x86_64.h"
 #include "base/deadline.h"
 #include "base/result.h"
+#include "procfs/procfs.h"
 
 namespace remora::ptrace {
 
@@ -93,5 +94,7 @@ Error diagnose_attach_failure(pid_t pid, int err);
 // returns an Error (kTracedByOther / kPtraceDenied) when attaching would fail
 // for a reason that can be known without trying.
 Result<void> precheck_attach(pid_t pid);
+// The same, from a status of `pid` the caller has just read.
+Result<void> precheck_attach(pid_t pid, const procfs::Status& status);
 
 }  // namespace remora::ptrace

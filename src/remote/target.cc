@@ -181,12 +181,15 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   if (st->state == 'Z' || st->state == 'X')
     return Error(Errc::kZombie, "process " + p + " is a zombie: it has exited and waits for its parent (" +
                                     std::to_string(st->ppid) + ") to reap it; there is nothing left to call into");
-  auto stat = procfs::read_stat(pid);
-  bool kthread = (st->kthread && *st->kthread) || (stat && (stat->flags & 0x00200000u) != 0);
+  // Kernels before 6.0 have no "Kthread:" line: PF_KTHREAD in stat says it.
+  bool kthread = st->kthread ? *st->kthread : [&] {
+    auto stat = procfs::read_stat(pid);
+    return stat && (stat->flags & 0x00200000u) != 0;
+  }();
   if (kthread)
     return Error(Errc::kKernelThread, "process " + p + " (" + st->name +
                                           ") is a kernel thread: it has no user space to call into");
-  REMORA_TRY_CTX(ptrace::precheck_attach(pid), "open process " + p);
+  REMORA_TRY_CTX(ptrace::precheck_attach(pid, *st), "open process " + p);
 
   auto mem = REMORA_TRY_CTX(Memory::open(pid), "open process " + p);
   auto target = std::unique_ptr<Target>(new Target(pid));
