@@ -73,6 +73,8 @@ constexpr uint64_t kScratchData = kPage;
 // The last quarter of the data area serves scratch_alloc (session memory);
 // the rest holds the byte arguments of one call.
 constexpr uint64_t session_area(uint64_t data_size) { return (data_size / 4) & ~uint64_t{15}; }
+// Byte arguments up to this total travel on the called thread's stack.
+constexpr uint64_t kStackArgsMax = 16 * 1024;
 constexpr int kSigprocmaskBlock = 0;  // SIG_BLOCK
 // The request of the transaction that creates the scratch: a call of the
 // scratch's own setup routine, whose address only exists once it is mapped.
@@ -154,10 +156,16 @@ struct Target::Impl {
                             std::vector<procfs::MapEntry>& maps);
   int choose_marker();
   Result<void> ensure_scratch(pid_t tid, std::chrono::milliseconds timeout);
+  // A byte argument that travels on the called thread's stack, written
+  // with the restore frame; its address goes into argument register `reg`.
+  struct StackArg {
+    size_t reg;
+    std::span<const std::byte> bytes;
+  };
   Result<CallReport> transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                              const Deadline& deadline);
+                              const Deadline& deadline, std::span<const StackArg> on_stack = {});
   Result<CallReport> run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                         std::chrono::milliseconds timeout);
+                         std::chrono::milliseconds timeout, std::span<const StackArg> on_stack = {});
 };
 
 // ---------------------------------------------------------------------------
@@ -381,11 +389,24 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
   if (fn.null()) return Error(Errc::kInvalidArgument, "cannot call address 0");
   std::lock_guard lock(impl_->mu);
   std::array<uint64_t, 6> regs{};
-  // Byte arguments go into the scratch data area; it must exist first.
   uint64_t total = 0;
   for (const auto& a : args)
     if (a.kind == CallArg::Kind::kBytes) total += (a.bytes.size() + 15) & ~uint64_t{15};
-  if (total > 0 && !impl_->scratch) {
+  // Byte arguments of a usual size go on the called thread's own stack,
+  // below the restore frame and in the same write, once the thread is
+  // seized: a shared buffer (the agent's, which every controller of the
+  // process uses) could be overwritten by another controller between the
+  // copy and the call.
+  if (total <= kStackArgsMax) {
+    std::vector<Impl::StackArg> on_stack;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].kind == CallArg::Kind::kInteger) regs[i] = args[i].value;
+      else on_stack.push_back({i, args[i].bytes});
+    }
+    return impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout, on_stack);
+  }
+  // Larger ones go into the scratch data area; it must exist first.
+  if (!impl_->scratch) {
     REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   }
   const uint64_t room = impl_->data_size - session_area(impl_->data_size);
@@ -609,7 +630,7 @@ bool signal_pending_for(pid_t pid, pid_t tid) {
 }  // namespace
 
 Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                                     std::chrono::milliseconds timeout) {
+                                     std::chrono::milliseconds timeout, std::span<const StackArg> on_stack) {
   Deadline deadline = Deadline::after(timeout);
   // libc's gadgets are needed only to create or remove our own scratch.
   if (!gadgets && (!scratch || force_gadget)) gadgets = REMORA_TRY(find_gadgets());
@@ -624,9 +645,9 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
     std::string task = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid);
     if (::access(task.c_str(), F_OK) != 0)
       return Error(Errc::kNoSuchProcess, "no thread " + std::to_string(tid) + " in process " + std::to_string(pid));
-    return transact(tid, is_syscall, fn_or_nr, args, deadline);
+    return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
   }
-  auto r = transact(tid, is_syscall, fn_or_nr, args, deadline);
+  auto r = transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
   // Only a thread that was gone before the call began (the seize found no
   // such thread) is chosen again; an exit during the call is reported.
   if (!r && preferred_tid == tid && r.error().code() == Errc::kNoSuchProcess) {
@@ -634,14 +655,15 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
     preferred_tid = 0;
     if (::kill(pid, 0) == 0 || errno == EPERM) {
       tid = REMORA_TRY(pick_thread());
-      return transact(tid, is_syscall, fn_or_nr, args, deadline);
+      return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
     }
   }
   return r;
 }
 
 Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
-                                          std::array<uint64_t, 6> args, const Deadline& deadline) {
+                                          std::array<uint64_t, 6> args, const Deadline& deadline,
+                                          std::span<const StackArg> on_stack) {
   const auto t0 = Clock::now();
   const std::string who = "thread " + std::to_string(tid) + " of " + process_str(pid, ns_pid);
   REMORA_TRY_CTX(ptrace::seize(pid, tid, PTRACE_O_TRACESYSGOOD), "seize " + who);
@@ -775,7 +797,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   const uint64_t cookie = (uint64_t{0x524d} << 48) | (++call_seq & 0xffffffffffff);
 
   // Build the frame below the red zone:
-  //   [call stack ... | result slot | all-ones mask | pretcode | ucontext | ... | fpstate (64-aligned) + magic2]
+  //   [call stack ... | byte arguments | result slot | all-ones mask | pretcode | ucontext | ...
+  //    | fpstate (64-aligned) + magic2]
   const uint64_t top = (r0.rsp - x::kRedZone) & ~uint64_t{63};
   const uint64_t fp = (top - (saved.xstate.size() + 4)) & ~uint64_t{63};
   const uint64_t uc = (fp - sizeof(x::UContext)) & ~uint64_t{15};
@@ -783,10 +806,17 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   const uint64_t all_mask_at = uc - 16;
   const uint64_t result_slot = uc - 32;  // a marked call's result and cookie, zeroed here
   saved.uc = uc;
-  saved.call_rsp = (uc - 256) & ~uint64_t{15};
+  uint64_t low = (uc - 256) & ~uint64_t{15};
+  for (const auto& a : on_stack) {
+    low -= (a.bytes.size() + 15) & ~uint64_t{15};
+    args[a.reg] = low;
+  }
+  saved.call_rsp = low;
   {
-    std::vector<std::byte> frame(fp + saved.xstate.size() + 4 - result_slot);
-    auto put = [&](uint64_t addr, const void* p, size_t n) { std::memcpy(frame.data() + (addr - result_slot), p, n); };
+    const uint64_t base = on_stack.empty() ? result_slot : low;
+    std::vector<std::byte> frame(fp + saved.xstate.size() + 4 - base);
+    auto put = [&](uint64_t addr, const void* p, size_t n) { std::memcpy(frame.data() + (addr - base), p, n); };
+    for (const auto& a : on_stack) put(args[a.reg], a.bytes.data(), a.bytes.size());
     uint64_t all = ~uint64_t{0};
     put(all_mask_at, &all, 8);
     // The return address of the bootstrap path (glibc's syscall() returns
@@ -808,8 +838,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     // unblocked).
     ucx.uc_sigmask = saved.sigmask & ~marker_bit;
     put(uc, &ucx, sizeof ucx);
-    x::prepare_fpstate(std::span(frame.data() + (fp - result_slot), saved.xstate.size() + 4), saved.xstate);
-    if (auto w = mem.write(result_slot, frame); !w)
+    x::prepare_fpstate(std::span(frame.data() + (fp - base), saved.xstate.size() + 4), saved.xstate);
+    if (auto w = mem.write(base, frame); !w)
       return fail(std::move(w).error().with_context("write the restore frame on the thread's stack"));
   }
 

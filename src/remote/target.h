@@ -50,7 +50,11 @@
 namespace remora::remote {
 
 // One argument of a remote call: an integer/pointer passed as is, or bytes
-// copied into the target's scratch memory whose address is passed instead.
+// copied into the target whose address is passed instead. Up to 16 KiB of
+// bytes in all travel on the called thread's own stack, below the restore
+// frame, written once the thread is seized (so that no other controller of
+// the process can overwrite them); more go into the scratch mapping. Either
+// way they are inputs: the copy is gone once the call returns.
 struct CallArg {
   enum class Kind { kInteger, kBytes };
   Kind kind = Kind::kInteger;

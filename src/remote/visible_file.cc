@@ -90,7 +90,9 @@ Result<VisibleFile> make_visible(Target& target, const std::string& host_path) {
     }
     // Not allowed to reopen it: have the target write it, chunk by chunk.
     auto write_fn = REMORA_TRY(target.find_symbol("libc.so.6", "write"));
-    constexpr size_t kChunk = 32 * 1024;
+    // A chunk travels on the called thread's stack (Target::call): larger
+    // ones would need a scratch buffer, and the agent's holds less.
+    constexpr size_t kChunk = 16 * 1024;
     for (size_t off = 0; off < data.size();) {
       size_t len = std::min(kChunk, data.size() - off);
       CallArg w[] = {CallArg::integer(static_cast<uint64_t>(rfd)),

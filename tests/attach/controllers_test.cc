@@ -1,9 +1,15 @@
 // More than one controller process: a detach made by another process than
-// the one that attached, and the lease (a controller that dies attached
-// makes the agent detach the tools).
+// the one that attached, the lease (a controller that dies attached makes
+// the agent detach the tools), and two controllers calling at once through
+// the agent's shared stubs and buffer.
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "agent/protocol.h"
 #include "attach_helpers.h"
 
 namespace remora::test {
@@ -137,6 +143,58 @@ TEST_F(Controllers, LeaseIsDisarmedByANormalDetach) {
   auto st = status_or_throw(pid);
   EXPECT_TRUE(st.attached);
   EXPECT_FALSE(st.lease_expired);
+}
+
+// Two sessions call into one process at the same time, both through the
+// agent's stubs and buffer (as two controller processes would), one on the
+// listener and one on the main thread. Each call must see its own string
+// argument: arguments travel on the called thread's stack, written only
+// once that thread is seized, never in the shared buffer.
+TEST_F(Controllers, TwoSessionsCallingAtOnceKeepTheirOwnArguments) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  {
+    Controller c;
+    auto r = c.attach(pid, options_for(log_));
+    ASSERT_TRUE(r.ok()) << describe(r.error());
+    auto d = c.detach(pid);
+    ASSERT_TRUE(d.ok()) << describe(d.error());
+  }
+  const pid_t listener = status_or_throw(pid).listener_tid;
+  const pid_t main_tid = target.tids().at("main");
+
+  std::atomic<int> wrong{0};
+  std::mutex mu;
+  std::vector<std::string> errors;
+  auto session = [&](pid_t tid, long base) {
+    auto fail = [&](const std::string& what) {
+      std::lock_guard lock(mu);
+      errors.push_back(what);
+    };
+    auto t = open_target(pid);
+    const remote::Target::SymbolQuery shared[] = {{"remora_agent_stub"}, {"remora_agent_scratch", false}};
+    auto found = t->find_symbols("libremora-agent.so", shared);
+    if (!found.ok()) return fail(describe(found.error()));
+    if (auto a = t->adopt_scratch((*found)[0], (*found)[1], REMORA_AGENT_SCRATCH_SIZE); !a.ok())
+      return fail(describe(a.error()));
+    auto atol_fn = t->find_symbol("libc.so.6", "atol");
+    if (!atol_fn.ok()) return fail(describe(atol_fn.error()));
+    for (long i = 0; i < 150; ++i) {
+      const long want = base + i;
+      std::vector<remote::CallArg> args{remote::CallArg::string(std::to_string(want))};
+      auto r = t->call(*atol_fn, args, remote::CallOptions{tid});
+      if (!r.ok()) return fail("call " + std::to_string(i) + ": " + describe(r.error()));
+      if (static_cast<long>(r->value) != want) ++wrong;
+    }
+  };
+  std::thread on_listener(session, listener, 1'000'000L);
+  std::thread on_main(session, main_tid, 2'000'000L);
+  on_listener.join();
+  on_main.join();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(wrong.load(), 0) << "calls that saw the other session's argument";
+  Report rep = target.report();
+  EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
 }
 
 }  // namespace
