@@ -101,6 +101,7 @@ int g_lease_fd = -1;
 int g_lease_wake = -1;  // eventfd to stop the watcher
 pthread_t g_lease_thread;
 bool g_lease_running = false;
+bool g_lease_stopping = false;  // a disarm is joining the watcher
 
 void set_message(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void set_message(const char* fmt, ...) {
@@ -333,18 +334,24 @@ void at_exit() {
 
 // ---- lease ----
 
-void stop_lease_locked() {
-  if (!g_lease_running) return;
-  uint64_t one = 1;
-  (void)!write(g_lease_wake, &one, sizeof one);
-  pthread_mutex_unlock(&g_lock);
-  pthread_join(g_lease_thread, nullptr);
-  pthread_mutex_lock(&g_lock);
+void close_lease_locked() {
   g_lease_running = false;
   close(g_lease_wake);
   close(g_lease_fd);
   g_lease_wake = g_lease_fd = -1;
   remora_agent_info.lease_pid = 0;
+}
+
+void stop_lease_locked() {
+  if (!g_lease_running) return;
+  g_lease_stopping = true;
+  uint64_t one = 1;
+  (void)!write(g_lease_wake, &one, sizeof one);
+  pthread_mutex_unlock(&g_lock);
+  pthread_join(g_lease_thread, nullptr);
+  pthread_mutex_lock(&g_lock);
+  g_lease_stopping = false;
+  close_lease_locked();
 }
 
 void* lease_main(void*) {
@@ -356,10 +363,20 @@ void* lease_main(void*) {
     if (fds[0].revents) break;           // EOF: the controller is gone
   }
   pthread_mutex_lock(&g_lock);
+  if (g_lease_stopping) {
+    // A detach is disarming the lease at this very moment: it joins this
+    // thread and closes the lease.
+    pthread_mutex_unlock(&g_lock);
+    return nullptr;
+  }
   if (remora_agent_info.attached) {
     detach_all_locked();
     remora_agent_info.lease_expired = 1;
   }
+  // Expired: nobody will disarm this lease, so it closes itself and the
+  // watcher goes (no fd and no thread of ours stays in the process).
+  close_lease_locked();
+  pthread_detach(pthread_self());
   pthread_mutex_unlock(&g_lock);
   return nullptr;
 }
@@ -401,6 +418,7 @@ void after_fork_child() {
   // listener. Our lock may have been held by the parent's listener.
   pthread_mutex_init(&g_lock, nullptr);
   g_lease_running = false;
+  g_lease_stopping = false;
   g_lease_fd = g_lease_wake = -1;
   remora_agent_info.lease_pid = 0;
   start_listener();

@@ -66,6 +66,7 @@ TEST_F(Controllers, LeaseDetachesWhenTheControllerDies) {
   const pid_t pid = target.pid();
   auto opts = options_for(log_);
   opts.lease = true;
+  target.snapshot();
 
   ForkedHelper helper([pid, &opts](int fd) {
     Controller leased;
@@ -98,6 +99,11 @@ TEST_F(Controllers, LeaseDetachesWhenTheControllerDies) {
   EXPECT_TRUE(st.lease_expired);
   EXPECT_FALSE(st.attached);
   EXPECT_EQ(st.detaches, 1u);
+  // The expired lease closed itself: no controller holds it any more, and
+  // its pipe and the watcher's eventfd are gone from the process.
+  EXPECT_EQ(st.lease_pid, 0);
+  Report expired = target.report();
+  EXPECT_EQ(expired.fds_delta(), 0) << expired.raw;
 
   // The process is fine and can be attached again by a new controller.
   Controller c;
