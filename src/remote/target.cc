@@ -154,7 +154,7 @@ struct Target::Impl {
   Result<std::vector<procfs::MapEntry>> maps_for_lookup();
   Result<RemoteAddr> lookup(std::string_view library, std::string_view symbol, bool function,
                             std::vector<procfs::MapEntry>& maps);
-  int choose_marker();
+  int choose_marker(uint64_t blocked);
   Result<void> ensure_scratch(pid_t tid, std::chrono::milliseconds timeout);
   // A byte argument that travels on the called thread's stack, written
   // with the restore frame; its address goes into argument register `reg`.
@@ -523,11 +523,14 @@ Result<void> Target::Impl::ensure_scratch(pid_t tid, std::chrono::milliseconds t
 //
 // The marker must be harmless if the controller dies and nobody intercepts
 // it: a signal the process ignores (SIG_IGN, or a default action of
-// "ignore": SIGURG, SIGWINCH), which the kernel then discards. Returns 0
-// when there is none (every candidate has a handler) or when a seccomp
-// filter might refuse the stub's tgkill: the call then ends at the stub's
-// rt_sigreturn under PTRACE_SYSCALL, as before.
-int Target::Impl::choose_marker() {
+// "ignore": SIGURG, SIGWINCH), which the kernel then discards. And the
+// called thread must not block it (`blocked`): the frame restores the
+// thread's own mask, which must let the marker through, so the frame's mask
+// is then exactly the thread's, even if nobody is left to fix it. Returns 0
+// when there is none (every candidate has a handler or is blocked) or when a
+// seccomp filter might refuse the stub's tgkill: the call then ends at the
+// stub's rt_sigreturn under PTRACE_SYSCALL.
+int Target::Impl::choose_marker(uint64_t blocked) {
   const auto now = Clock::now();
   if (now - dispositions_read > std::chrono::milliseconds(250)) {
     auto st = procfs::read_status(pid);
@@ -540,9 +543,11 @@ int Target::Impl::choose_marker() {
   if (seccomp != 0) return 0;
   auto bit = [](int sig) { return uint64_t{1} << (sig - 1); };
   for (int sig : {SIGURG, SIGWINCH})
-    if ((sig_cgt & bit(sig)) == 0) return sig;
+    if ((sig_cgt & bit(sig)) == 0 && (blocked & bit(sig)) == 0) return sig;
   for (int sig = 1; sig < 32; ++sig)
-    if ((sig_ign & bit(sig)) != 0 && sig != SIGCONT && sig != SIGCHLD && !is_job_control_stop(sig)) return sig;
+    if ((sig_ign & bit(sig)) != 0 && (blocked & bit(sig)) == 0 && sig != SIGCONT && sig != SIGCHLD &&
+        !is_job_control_stop(sig))
+      return sig;
   return 0;
 }
 
@@ -675,7 +680,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   int pending_stop = 0;   // a job-control stop we held back
   std::vector<int> held_signals;
   int detach_signal = 0;    // a signal that waited for the call's end, delivered on detach
-  bool restore_mask = false;  // restored by its frame, but with the marker unblocked
   auto release = [&](bool restore) {
     if (!attached) return;
     if (restore && modified) {
@@ -684,8 +688,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
       (void)ptrace::set_sigmask(tid, saved.sigmask);
       (void)ptrace::set_xstate(tid, saved.xstate);
       (void)ptrace::set_regs(tid, saved.resume);
-    } else if (restore && restore_mask) {
-      (void)ptrace::set_sigmask(tid, saved.sigmask);
     }
     (void)ptrace::detach(tid, detach_signal);
     attached = false;
@@ -792,8 +794,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   // choose_marker). Mask-swapping calls are left out: their frame mask is
   // only known once the stub has recorded it.
   const bool frame_is_exact = kind != arch::RestartKind::kRestartBlock;
-  const int marker = !is_syscall && frame_is_exact && !saved.swap_mask ? choose_marker() : 0;
-  const uint64_t marker_bit = marker != 0 ? uint64_t{1} << (marker - 1) : 0;
+  const int marker = !is_syscall && frame_is_exact && !saved.swap_mask ? choose_marker(saved.sigmask) : 0;
   const uint64_t cookie = (uint64_t{0x524d} << 48) | (++call_seq & 0xffffffffffff);
 
   // Build the frame below the red zone:
@@ -832,11 +833,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     // The self-restoring path re-issues an interrupted restart_block call
     // (rt_sigreturn resets restart_block), so its frame uses the original call.
     ucx.uc_mcontext = x::sigcontext_from(x::resume_registers(frame_regs, kind, /*use_restart_syscall=*/false), fp);
-    // The marker must be deliverable once the frame is restored: a thread
-    // that blocks it gets its exact mask back by ptrace afterwards (only if
-    // the controller dies first does it keep that one ignored signal
-    // unblocked).
-    ucx.uc_sigmask = saved.sigmask & ~marker_bit;
+    // The thread's own mask (it does not block the marker: choose_marker).
+    ucx.uc_sigmask = saved.sigmask;
     put(uc, &ucx, sizeof ucx);
     x::prepare_fpstate(std::span(frame.data() + (fp - base), saved.xstate.size() + 4), saved.xstate);
     if (auto w = mem.write(base, frame); !w)
@@ -934,7 +932,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
       if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
         step_value = slot[0];
         modified = false;
-        restore_mask = (saved.sigmask & marker_bit) != 0;
         // Another signal that waited for the call dequeued before the
         // marker: deliver it on detach (the marker, still pending, is one
         // the process ignores).
@@ -946,7 +943,6 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         // the stub: end at the stub's rt_sigreturn instead.
         REMORA_TRY(run_until(x::nr::kRtSigreturn, stub_end, true));
         step_value = slot[0];
-        restore_mask = (saved.sigmask & marker_bit) != 0;
         return ok();
       }
       held_signals.push_back(si.si_signo);  // only unblockable ones get here

@@ -11,6 +11,7 @@
 
 #include "agent/protocol.h"
 #include "attach_helpers.h"
+#include "procfs/procfs.h"
 
 namespace remora::test {
 namespace {
@@ -201,6 +202,85 @@ TEST_F(Controllers, TwoSessionsCallingAtOnceKeepTheirOwnArguments) {
   EXPECT_EQ(wrong.load(), 0) << "calls that saw the other session's argument";
   Report rep = target.report();
   EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
+}
+
+// A thread that blocks SIGURG (the usual marker of a marked call) gets its
+// exact signal mask back even when its controller is SIGKILLed while the
+// called function runs: the thread then restores itself through the frame
+// alone, so the frame's mask must be the thread's own. (The marker is then
+// another ignored signal the thread does not block.)
+TEST_F(Controllers, DeathMidCallRestoresTheMaskOfAThreadThatBlocksSigurg) {
+  auto bit = [](int sig) { return uint64_t{1} << (sig - 1); };
+  ForkedHelper target([](int fd) {
+    sigset_t urg;
+    sigemptyset(&urg);
+    sigaddset(&urg, SIGURG);
+    sigprocmask(SIG_BLOCK, &urg, nullptr);
+    int p[2];
+    if (::pipe(p) != 0) return 1;
+    ForkedHelper::say(fd, "ready");
+    char b;
+    for (;;) (void)!::read(p[0], &b, 1);
+  });
+  ASSERT_EQ(target.wait_line(after(10s)), "ready");
+  const pid_t pid = target.pid();
+  auto status = [&] {
+    auto st = procfs::read_status(pid);
+    if (!st.ok()) throw HarnessError("status of " + std::to_string(pid) + ": " + describe(st.error()));
+    return *st;
+  };
+  const uint64_t own_mask = status().sig_blk;
+  ASSERT_EQ(own_mask, bit(SIGURG));
+
+  // Calls that end normally leave the mask exactly as it was.
+  {
+    auto t = open_target(pid);
+    auto getpid_fn = t->find_symbol("libc.so.6", "getpid");
+    ASSERT_TRUE(getpid_fn.ok()) << describe(getpid_fn.error());
+    for (int i = 0; i < 20; ++i) {
+      auto r = t->call(*getpid_fn, {}, remote::CallOptions{pid});
+      ASSERT_TRUE(r.ok()) << describe(r.error());
+      EXPECT_EQ(static_cast<pid_t>(r->value), pid);
+      ASSERT_EQ(status().sig_blk, own_mask) << "after call " << i;
+    }
+  }
+
+  // A controller dies while usleep runs in the thread.
+  ForkedHelper controller([pid](int fd) {
+    auto opened = remote::Target::open(pid);
+    if (!opened.ok()) return 1;
+    auto t = std::move(opened).value();
+    auto usleep_fn = t->find_symbol("libc.so.6", "usleep");
+    if (!usleep_fn.ok()) return 1;
+    ForkedHelper::say(fd, "calling");
+    std::vector<remote::CallArg> args{remote::CallArg::integer(400'000)};
+    (void)t->call(*usleep_fn, args, remote::CallOptions{pid, std::chrono::seconds(10)});
+    return 0;
+  });
+  ASSERT_EQ(controller.wait_line(after(10s)), "calling");
+  // The call runs once the thread is traced by the controller, sleeping,
+  // with every signal blocked (the transaction's mask while it runs).
+  ASSERT_TRUE(wait_for(
+      [&] {
+        auto st = status();
+        return st.tracer_pid == controller.pid() && st.state == 'S' && (st.sig_blk & bit(SIGUSR1)) != 0;
+      },
+      after(10s)))
+      << "the call never started\n" << describe_tasks(pid);
+  ::kill(controller.pid(), SIGKILL);
+  auto ws = controller.wait_exit(after(10s));
+  ASSERT_TRUE(ws.has_value());
+  ASSERT_TRUE(WIFSIGNALED(*ws)) << "the controller finished the call before it was killed";
+
+  // usleep returns, and the thread restores itself through the frame.
+  EXPECT_TRUE(wait_for(
+      [&] {
+        auto st = status();
+        return st.tracer_pid == 0 && st.sig_blk == own_mask;
+      },
+      after(10s)))
+      << "mask after the controller died: " << std::hex << status().sig_blk << ", before: " << own_mask;
+  EXPECT_TRUE(alive(pid));
 }
 
 }  // namespace
