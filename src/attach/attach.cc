@@ -340,10 +340,14 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     // Wait for the trampoline to finish (its last store), then for its thread
     // to leave the scratch code for good.
     long nap = 20'000;
+    // Looking for a stopped loader thread costs two /proc reads and more:
+    // done every half millisecond, not at every look at the block.
+    auto next_stop_check = std::chrono::steady_clock::now();
     for (;;) {
       REMORA_TRY_CTX(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))), "read the loader block");
       if (block.done == 1) break;
-      if (!driven && before) {
+      if (!driven && before && std::chrono::steady_clock::now() >= next_stop_check) {
+        next_stop_check = std::chrono::steady_clock::now() + std::chrono::microseconds(500);
         auto now = procfs::list_tasks(t.pid());
         pid_t fresh = 0;
         if (now)
@@ -478,18 +482,19 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   // names alone when the same tools are loaded already (a re-attach).
   std::vector<remote::VisibleFile> visible;
   std::string list, display_list;
+  std::vector<std::optional<std::string>> real_tools;  // nullopt: no such file
   for (const auto& tool : opts.tools) {
     char real[PATH_MAX];
-    std::string display = ::realpath(tool.c_str(), real) ? real : tool;
-    display_list += (display_list.empty() ? "" : ":") + display;
+    real_tools.push_back(::realpath(tool.c_str(), real) ? std::optional<std::string>(real) : std::nullopt);
+    display_list += (display_list.empty() ? "" : ":") + real_tools.back().value_or(tool);
   }
   if (info.tools[0] != '\0') {
     list = display_list;  // the agent compares and refuses a different list
   } else {
-    for (const auto& tool : opts.tools) {
-      char real[PATH_MAX];
-      if (!::realpath(tool.c_str(), real))
-        return Error(Errc::kInvalidArgument, "tool library " + tool + " not found").with_context(ctx);
+    for (size_t i = 0; i < opts.tools.size(); ++i) {
+      if (!real_tools[i])
+        return Error(Errc::kInvalidArgument, "tool library " + opts.tools[i] + " not found").with_context(ctx);
+      const std::string& real = *real_tools[i];
       auto vf = remote::make_visible(t, real);
       if (!vf) {
         for (auto& v : visible) (void)remote::release(t, v);

@@ -523,13 +523,16 @@ Result<void> Target::Impl::ensure_scratch(pid_t tid, std::chrono::milliseconds t
 //
 // The marker must be harmless if the controller dies and nobody intercepts
 // it: a signal the process ignores (SIG_IGN, or a default action of
-// "ignore": SIGURG, SIGWINCH), which the kernel then discards. And the
-// called thread must not block it (`blocked`): the frame restores the
-// thread's own mask, which must let the marker through, so the frame's mask
-// is then exactly the thread's, even if nobody is left to fix it. Returns 0
-// when there is none (every candidate has a handler or is blocked) or when a
-// seccomp filter might refuse the stub's tgkill: the call then ends at the
-// stub's rt_sigreturn under PTRACE_SYSCALL.
+// "ignore": SIGURG, SIGWINCH), which the kernel then discards. It must get
+// through the mask the frame restores: preferably a candidate the called
+// thread does not block (`blocked`), so that the frame restores the
+// thread's exact mask even if nobody is left to fix it. A thread that blocks
+// every candidate (the agent's listener blocks all signals) gets a frame
+// mask with the marker unblocked and its own mask back by ptrace after the
+// call; only if the controller dies mid-call does it keep that one ignored
+// signal unblocked. Returns 0 when there is no candidate (every one has a
+// handler) or when a seccomp filter might refuse the stub's tgkill: the call
+// then ends at the stub's rt_sigreturn under PTRACE_SYSCALL.
 int Target::Impl::choose_marker(uint64_t blocked) {
   const auto now = Clock::now();
   if (now - dispositions_read > std::chrono::milliseconds(250)) {
@@ -542,13 +545,17 @@ int Target::Impl::choose_marker(uint64_t blocked) {
   }
   if (seccomp != 0) return 0;
   auto bit = [](int sig) { return uint64_t{1} << (sig - 1); };
+  int first = 0;  // the first candidate, blocked or not
+  auto consider = [&](int sig) {
+    if (first == 0) first = sig;
+    return (blocked & bit(sig)) == 0;
+  };
   for (int sig : {SIGURG, SIGWINCH})
-    if ((sig_cgt & bit(sig)) == 0 && (blocked & bit(sig)) == 0) return sig;
+    if ((sig_cgt & bit(sig)) == 0 && consider(sig)) return sig;
   for (int sig = 1; sig < 32; ++sig)
-    if ((sig_ign & bit(sig)) != 0 && (blocked & bit(sig)) == 0 && sig != SIGCONT && sig != SIGCHLD &&
-        !is_job_control_stop(sig))
+    if ((sig_ign & bit(sig)) != 0 && sig != SIGCONT && sig != SIGCHLD && !is_job_control_stop(sig) && consider(sig))
       return sig;
-  return 0;
+  return first;
 }
 
 // ---------------------------------------------------------------------------
@@ -672,6 +679,12 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   const auto t0 = Clock::now();
   const std::string who = "thread " + std::to_string(tid) + " of " + process_str(pid, ns_pid);
   REMORA_TRY_CTX(ptrace::seize(pid, tid, PTRACE_O_TRACESYSGOOD), "seize " + who);
+  int stops = 0;
+  auto wait_stop = [&](const Deadline& d) {
+    auto s = ptrace::wait_stop(tid, d);
+    if (s) ++stops;
+    return s;
+  };
 
   // From here on every exit path releases the thread.
   bool attached = true;
@@ -680,6 +693,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   int pending_stop = 0;   // a job-control stop we held back
   std::vector<int> held_signals;
   int detach_signal = 0;    // a signal that waited for the call's end, delivered on detach
+  bool restore_mask = false;  // restored by its frame, but with the marker unblocked
   auto release = [&](bool restore) {
     if (!attached) return;
     if (restore && modified) {
@@ -688,6 +702,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
       (void)ptrace::set_sigmask(tid, saved.sigmask);
       (void)ptrace::set_xstate(tid, saved.xstate);
       (void)ptrace::set_regs(tid, saved.resume);
+    } else if (restore && restore_mask) {
+      (void)ptrace::set_sigmask(tid, saved.sigmask);
     }
     (void)ptrace::detach(tid, detach_signal);
     attached = false;
@@ -713,7 +729,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   // The first stop: normally our interrupt, or a group stop when the process
   // is stopped. A signal caught mid-delivery is let through first.
   for (;;) {
-    auto s = ptrace::wait_stop(tid, deadline);
+    auto s = wait_stop(deadline);
     if (!s) return fail(std::move(s).error());
     if (s->kind == ptrace::Stop::Kind::kInterrupt || s->kind == ptrace::Stop::Kind::kGroupStop) break;
     if (s->kind == ptrace::Stop::Kind::kExited || s->kind == ptrace::Stop::Kind::kKilled) return fail(gone(*s));
@@ -795,6 +811,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   // only known once the stub has recorded it.
   const bool frame_is_exact = kind != arch::RestartKind::kRestartBlock;
   const int marker = !is_syscall && frame_is_exact && !saved.swap_mask ? choose_marker(saved.sigmask) : 0;
+  const uint64_t marker_bit = marker != 0 ? uint64_t{1} << (marker - 1) : 0;
   const uint64_t cookie = (uint64_t{0x524d} << 48) | (++call_seq & 0xffffffffffff);
 
   // Build the frame below the red zone:
@@ -833,8 +850,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     // The self-restoring path re-issues an interrupted restart_block call
     // (rt_sigreturn resets restart_block), so its frame uses the original call.
     ucx.uc_mcontext = x::sigcontext_from(x::resume_registers(frame_regs, kind, /*use_restart_syscall=*/false), fp);
-    // The thread's own mask (it does not block the marker: choose_marker).
-    ucx.uc_sigmask = saved.sigmask;
+    // The thread's own mask, letting the marker through (see choose_marker).
+    ucx.uc_sigmask = saved.sigmask & ~marker_bit;
     put(uc, &ucx, sizeof ucx);
     x::prepare_fpstate(std::span(frame.data() + (fp - base), saved.xstate.size() + 4), saved.xstate);
     if (auto w = mem.write(base, frame); !w)
@@ -850,7 +867,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   auto take_back = [&]() -> Error {
     if (auto r = ptrace::interrupt(tid); !r) return std::move(r).error();
     for (;;) {
-      auto s2 = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(2)));
+      auto s2 = wait_stop(Deadline::after(std::chrono::seconds(2)));
       if (!s2) return std::move(s2).error();
       if (s2->kind == ptrace::Stop::Kind::kExited || s2->kind == ptrace::Stop::Kind::kKilled) return gone(*s2);
       if (s2->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s2->sig)) pending_stop = s2->sig;
@@ -872,7 +889,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   auto run_until = [&](long nr, uint64_t ip_after, bool want_entry) -> Result<void> {
     for (;;) {
       REMORA_TRY(ptrace::cont_syscall(tid, 0));
-      auto s = ptrace::wait_stop(tid, deadline);
+      auto s = wait_stop(deadline);
       if (!s && s.error().code() == Errc::kTimedOut) return take_back();
       if (!s) return std::move(s).error();
       switch (s->kind) {
@@ -912,7 +929,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     const uint64_t stub_lo = *scratch, stub_hi = *scratch + x::Stub::kSize;
     for (;;) {
       REMORA_TRY(ptrace::cont(tid, 0));
-      auto s = ptrace::wait_stop(tid, deadline);
+      auto s = wait_stop(deadline);
       if (!s && s.error().code() == Errc::kTimedOut) return take_back();
       if (!s) return std::move(s).error();
       if (s->kind == ptrace::Stop::Kind::kExited || s->kind == ptrace::Stop::Kind::kKilled) return gone(*s);
@@ -932,6 +949,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
       if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
         step_value = slot[0];
         modified = false;
+        restore_mask = (saved.sigmask & marker_bit) != 0;
         // Another signal that waited for the call dequeued before the
         // marker: deliver it on detach (the marker, still pending, is one
         // the process ignores).
@@ -943,6 +961,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
         // the stub: end at the stub's rt_sigreturn instead.
         REMORA_TRY(run_until(x::nr::kRtSigreturn, stub_end, true));
         step_value = slot[0];
+        restore_mask = (saved.sigmask & marker_bit) != 0;
         return ok();
       }
       held_signals.push_back(si.si_signo);  // only unblockable ones get here
@@ -1093,6 +1112,7 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     report.value = step_value;
   }
   release(true);
+  report.stops = stops;
   report.stopped = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
   return report;
 }

@@ -80,6 +80,9 @@ struct CallReport {
   uint64_t value = 0;  // rax (x86_64) / x0 (aarch64)
   pid_t tid = 0;       // the thread that ran the call
   std::chrono::nanoseconds stopped{0};  // how long T was held, seize to release
+  // Ptrace stops the call took: 2 for a marked call (the interrupt, the
+  // marker), however many system calls the function made.
+  int stops = 0;
 };
 
 class Target {

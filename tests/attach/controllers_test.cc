@@ -241,6 +241,7 @@ TEST_F(Controllers, DeathMidCallRestoresTheMaskOfAThreadThatBlocksSigurg) {
       auto r = t->call(*getpid_fn, {}, remote::CallOptions{pid});
       ASSERT_TRUE(r.ok()) << describe(r.error());
       EXPECT_EQ(static_cast<pid_t>(r->value), pid);
+      EXPECT_EQ(r->stops, 2) << "not a marked call (interrupt, marker)";
       ASSERT_EQ(status().sig_blk, own_mask) << "after call " << i;
     }
   }

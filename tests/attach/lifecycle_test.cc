@@ -13,6 +13,7 @@
 
 #include "arch/x86_64.h"
 #include "attach_helpers.h"
+#include "procfs/procfs.h"
 
 namespace remora::test {
 namespace {
@@ -430,6 +431,39 @@ namespace {
 // no scratch mapping (attach.cc adopts them only when they are byte for byte
 // arch::x86_64::stub_code()). Were they to drift apart, every attach would
 // silently map a scratch of its own again.
+// Remote calls on the listener are marked calls although it blocks every
+// signal (the frame lets the marker through, ptrace restores the mask):
+// two stops, however many system calls the function makes, and the
+// listener's mask is exactly "all blocked" afterwards.
+TEST_F(Lifecycle, CallsOnTheListenerAreMarkedAndKeepItsMask) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  Controller c;
+  auto r = c.attach(pid, options_for(log_));
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+  const pid_t listener = status_or_throw(pid).listener_tid;
+  auto mask_of = [&] {
+    auto st = procfs::read_status(pid, listener);
+    if (!st.ok()) throw HarnessError("status of the listener: " + describe(st.error()));
+    return st->sig_blk;
+  };
+  const uint64_t before = mask_of();
+
+  auto t = open_target(pid);
+  auto usleep_fn = t->find_symbol("libc.so.6", "usleep");
+  ASSERT_TRUE(usleep_fn.ok()) << describe(usleep_fn.error());
+  for (int i = 0; i < 10; ++i) {
+    std::vector<remote::CallArg> args{remote::CallArg::integer(1000)};
+    auto u = t->call(*usleep_fn, args, remote::CallOptions{listener});
+    ASSERT_TRUE(u.ok()) << describe(u.error());
+    EXPECT_EQ(u->value, 0u);
+    EXPECT_EQ(u->stops, 2) << "call " << i << " was not a marked call";
+    EXPECT_EQ(mask_of(), before) << "call " << i;
+  }
+  auto d = c.detach(pid);
+  ASSERT_TRUE(d.ok()) << describe(d.error());
+}
+
 TEST(AgentStub, IsExactlyTheEnginesStubCode) {
   void* agent = dlopen(REMORA_AGENT_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(agent, nullptr) << dlerror();
