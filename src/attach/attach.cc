@@ -300,17 +300,26 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
   pid_t listener = 0;
   auto run = [&]() -> Result<void> {
     x::LoaderBlock block{};
-    auto dlopen_fn = t.find_symbol("libc.so.6", "dlopen");
-    if (!dlopen_fn) dlopen_fn = t.find_symbol("libdl.so.2", "dlopen");
-    if (!dlopen_fn)
-      return Error(Errc::kNotSupported, "process " + std::to_string(t.pid()) +
-                                            " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
-    block.dlopen_fn = dlopen_fn->addr();
-    const remote::Target::SymbolQuery libc_fns[] = {{"dlerror"}, {"pthread_self"}, {"pthread_detach"}};
+    // One read of the maps for all of libc's functions. Before glibc 2.34,
+    // dlopen and dlerror live in libdl.so.2.
+    const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},        {"pthread_self"},
+                                                    {"pthread_detach"},        {"dlopen", true, false},
+                                                    {"dlerror", true, false}};
     auto fns = REMORA_TRY(t.find_symbols("libc.so.6", libc_fns));
-    block.dlerror_fn = fns[0].addr();
+    const RemoteAddr pthread_create_fn = fns[0];
     block.pthread_self_fn = fns[1].addr();
     block.pthread_detach_fn = fns[2].addr();
+    block.dlopen_fn = fns[3].addr();
+    block.dlerror_fn = fns[4].addr();
+    if (fns[3].null() || fns[4].null()) {
+      const remote::Target::SymbolQuery libdl_fns[] = {{"dlopen"}, {"dlerror"}};
+      auto dl = t.find_symbols("libdl.so.2", libdl_fns);
+      if (!dl)
+        return Error(Errc::kNotSupported, "process " + std::to_string(t.pid()) +
+                                              " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
+      block.dlopen_fn = (*dl)[0].addr();
+      block.dlerror_fn = (*dl)[1].addr();
+    }
     block.flags = RTLD_NOW | RTLD_NODELETE;
     const size_t path_len = vf.path.size() + 1;
     auto mem = REMORA_TRY(t.scratch_alloc(sizeof block + path_len + 8));
@@ -328,7 +337,7 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
                       CallArg::integer(block_at)};
     REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
-    auto created = REMORA_TRY_CTX(t.call_symbol("libc.so.6", "pthread_create", args), "start the loader thread");
+    auto created = REMORA_TRY_CTX(t.call(pthread_create_fn, args), "start the loader thread");
     REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
     if (created.value != 0)
       return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
