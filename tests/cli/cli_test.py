@@ -75,7 +75,10 @@ def remora(*args, timeout=30, env=None, stdin=subprocess.DEVNULL, cwd=None):
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()
-        out, err = p.communicate()
+        try:
+            out, err = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a process it started still holds the pipes
+            out, err = "(not readable)", "(not readable)"
         raise Failure("remora %s did not finish in %d s\nstdout:\n%s\nstderr:\n%s" %
                       (" ".join(map(str, args)), timeout, out, err))
     return p.returncode, out, err
