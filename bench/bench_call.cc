@@ -5,6 +5,10 @@
 //   (a) the floor: PTRACE_SEIZE + PTRACE_INTERRUPT + waitpid + GETREGS +
 //       SETREGS + PTRACE_DETACH, the least any "stop one thread, touch its
 //       registers, let it go" can cost;
+//   (a2) the two-stop floor: the same, but the thread is let run once
+//       (PTRACE_CONT) and stopped again (PTRACE_INTERRUPT) before the
+//       detach: the least any design that runs code in the thread and then
+//       takes it back can cost;
 //   (b) the round trip of remote::Target::call of bench_probe(i), checked to
 //       return i + 1;
 //   (c) the stall: how long the called thread was held (CallReport.stopped),
@@ -221,6 +225,28 @@ nanoseconds floor_once(pid_t tid) {
   return Clock::now() - t0;
 }
 
+// (a2) One two-stop floor iteration: stopped, let run, stopped again.
+nanoseconds two_stop_floor_once(pid_t tid) {
+  auto t0 = Clock::now();
+  if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) die("PTRACE_SEIZE: " + std::string(strerror(errno)));
+  auto stop = [&] {
+    if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0)
+      die("PTRACE_INTERRUPT: " + std::string(strerror(errno)));
+    int status = 0;
+    if (waitpid(tid, &status, __WALL) != tid) die("waitpid: " + std::string(strerror(errno)));
+    if (!WIFSTOPPED(status) || (status >> 16) != PTRACE_EVENT_STOP) die("unexpected stop status " + std::to_string(status));
+  };
+  stop();
+  user_regs_struct regs{};
+  iovec iov{&regs, sizeof regs};
+  if (ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &iov) != 0) die("PTRACE_GETREGSET: " + std::string(strerror(errno)));
+  if (ptrace(PTRACE_SETREGSET, tid, NT_PRSTATUS, &iov) != 0) die("PTRACE_SETREGSET: " + std::string(strerror(errno)));
+  if (ptrace(PTRACE_CONT, tid, nullptr, nullptr) != 0) die("PTRACE_CONT: " + std::string(strerror(errno)));
+  stop();
+  if (ptrace(PTRACE_DETACH, tid, nullptr, nullptr) != 0) die("PTRACE_DETACH: " + std::string(strerror(errno)));
+  return Clock::now() - t0;
+}
+
 std::string machine_description() {
   std::string model;
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -300,6 +326,12 @@ int run(int argc, char** argv) {
   auto floor_window = Clock::now() - floor_start;
   auto floor_gap = target.query_gap();
 
+  // (a2) the two-stop floor
+  for (size_t i = 0; i < warmup; ++i) (void)two_stop_floor_once(tid);
+  std::vector<nanoseconds> floor2_times;
+  floor2_times.reserve(n);
+  for (size_t i = 0; i < n; ++i) floor2_times.push_back(two_stop_floor_once(tid));
+
   // (b) remote calls, (c) the stall
   auto opened = remote::Target::open(target.pid());
   if (!opened) die(opened.error().to_string());
@@ -340,7 +372,8 @@ int run(int argc, char** argv) {
   auto base_gap = target.query_gap();
   target.finish();
 
-  const Stats fl = stats_of(floor_times), ca = stats_of(call_times), st = stats_of(stopped_times);
+  const Stats fl = stats_of(floor_times), f2 = stats_of(floor2_times), ca = stats_of(call_times),
+              st = stats_of(stopped_times);
   auto ratio = [](nanoseconds a, nanoseconds b) {
     return b.count() ? static_cast<double>(a.count()) / b.count() : 0;
   };
@@ -349,12 +382,16 @@ int run(int argc, char** argv) {
   std::printf("%-46s %11s %11s %11s\n", "measurement (thread blocked in read)", "median", "p99", "max");
   std::printf("%-46s %11s %11s %11s\n", "(a) floor: seize+interrupt+wait+regs+detach", us(fl.median).c_str(),
               us(fl.p99).c_str(), us(fl.max).c_str());
+  std::printf("%-46s %11s %11s %11s\n", "(a2) two-stop floor: ... cont, interrupt, wait", us(f2.median).c_str(),
+              us(f2.p99).c_str(), us(f2.max).c_str());
   std::printf("%-46s %11s %11s %11s\n", "(b) remote call round trip: bench_probe(i)", us(ca.median).c_str(),
               us(ca.p99).c_str(), us(ca.max).c_str());
   std::printf("%-46s %11s %11s %11s\n", "(c) called thread stopped (CallReport)", us(st.median).c_str(),
               us(st.p99).c_str(), us(st.max).c_str());
   std::printf("\nratio call/floor: median %.2fx, p99 %.2fx\n", ratio(ca.median, fl.median),
               ratio(ca.p99, fl.p99));
+  std::printf("ratio call/two-stop floor: median %.2fx, p99 %.2fx\n", ratio(ca.median, f2.median),
+              ratio(ca.p99, f2.p99));
   std::printf("\nother threads: the spinning thread's largest gap between two loop iterations\n");
   auto gap_line = [&](const char* what, Clock::duration window, const BenchTarget::Gap& g) {
     std::printf("  %-28s %6.2f s   max gap %10s   gaps >= 10 us: %" PRIu64 " of %" PRIu64 " iterations\n",
@@ -372,12 +409,16 @@ int run(int argc, char** argv) {
                 p99.c_str());
   };
   row("(a) floor: seize, interrupt, wait, get/set regs, detach", us(fl.median), us(fl.p99));
+  row("(a2) two-stop floor: the same, plus cont, interrupt, wait", us(f2.median), us(f2.p99));
   row("(b) remote call round trip", us(ca.median), us(ca.p99));
   row("(c) called thread stopped", us(st.median), us(st.p99));
   char ratio_median[32], ratio_p99[32];
   std::snprintf(ratio_median, sizeof ratio_median, "%.2fx", ratio(ca.median, fl.median));
   std::snprintf(ratio_p99, sizeof ratio_p99, "%.2fx", ratio(ca.p99, fl.p99));
   row("ratio (b)/(a)", ratio_median, ratio_p99);
+  std::snprintf(ratio_median, sizeof ratio_median, "%.2fx", ratio(ca.median, f2.median));
+  std::snprintf(ratio_p99, sizeof ratio_p99, "%.2fx", ratio(ca.p99, f2.p99));
+  row("ratio (b)/(a2)", ratio_median, ratio_p99);
   row("(c) other threads, max gap: baseline / during calls", us(base_gap.max) + " / " + us(call_gap.max),
       "n/a");
   return 0;
