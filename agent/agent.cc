@@ -66,7 +66,8 @@ __asm__(
 
 // Byte arguments of remote calls on the listener thread go here.
 extern "C" {
-__attribute__((visibility("default"), aligned(64))) unsigned char remora_agent_scratch[REMORA_AGENT_SCRATCH_SIZE];
+__attribute__((visibility("default"),
+               aligned(64))) unsigned char remora_agent_scratch[REMORA_AGENT_SCRATCH_SIZE];
 }
 
 namespace {
@@ -171,8 +172,10 @@ int apply_env(const void* buffer, SavedEnv* saved, int* saved_count) {
 
 void rollback_env(SavedEnv* saved, int count) {
   for (int i = count - 1; i >= 0; --i) {
-    if (saved[i].old_value) setenv(saved[i].name, saved[i].old_value, 1);
-    else unsetenv(saved[i].name);
+    if (saved[i].old_value)
+      setenv(saved[i].name, saved[i].old_value, 1);
+    else
+      unsetenv(saved[i].name);
   }
 }
 
@@ -247,10 +250,13 @@ int load_tools(const char* list) {
       return REMORA_AGENT_ERR_LOAD;
     }
     auto configure = reinterpret_cast<remora_configure_fn>(dlsym(t.handle, "remora_configure"));
-    auto configure_attach = reinterpret_cast<remora_configure_attach_fn>(dlsym(t.handle, "remora_configure_attach"));
+    auto configure_attach =
+        reinterpret_cast<remora_configure_attach_fn>(dlsym(t.handle, "remora_configure_attach"));
     if (configure_attach == nullptr) {
-      set_message("tool %s exports no remora_configure_attach: it cannot be attached to a running process "
-                  "(it may only support being loaded at start-up)", tok);
+      set_message(
+          "tool %s exports no remora_configure_attach: it cannot be attached to a running process "
+          "(it may only support being loaded at start-up)",
+          tok);
       return REMORA_AGENT_ERR_NOT_ATTACHABLE;
     }
     if (configure == nullptr) {
@@ -358,7 +364,7 @@ void* lease_main(void*) {
   pollfd fds[2] = {{g_lease_fd, POLLIN, 0}, {g_lease_wake, POLLIN, 0}};
   for (;;) {
     int n = poll(fds, 2, -1);
-    if (n < 0) continue;  // EINTR cannot happen (signals blocked), but be safe
+    if (n < 0) continue;                 // EINTR cannot happen (signals blocked), but be safe
     if (fds[1].revents) return nullptr;  // disarmed
     if (fds[0].revents) break;           // EOF: the controller is gone
   }
@@ -385,7 +391,8 @@ void* lease_main(void*) {
 
 void* listener_main(void*) {
   pthread_setname_np(pthread_self(), "remora-listen");
-  __atomic_store_n(&remora_agent_info.listener_tid, static_cast<int32_t>(syscall(SYS_gettid)), __ATOMIC_RELEASE);
+  __atomic_store_n(&remora_agent_info.listener_tid, static_cast<int32_t>(syscall(SYS_gettid)),
+                   __ATOMIC_RELEASE);
   for (;;) {
     // Woken by nobody: the controller seizes this thread while it waits here
     // (FUTEX_WAIT restarts transparently after the remote call).
@@ -441,15 +448,16 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
   SavedEnv saved[kMaxEnv];
   int saved_count = 0;
   if (refused_by_environment()) {
-    set_message("this process refuses tool attachment (its environment sets REMORA_TOOL_ATTACH=0 or "
-                "ROCP_TOOL_ATTACH=0)");
+    set_message(
+        "this process refuses tool attachment (its environment sets REMORA_TOOL_ATTACH=0 or "
+        "ROCP_TOOL_ATTACH=0)");
     rc = REMORA_AGENT_ERR_REFUSED;
   } else if (remora_agent_info.attached) {
     set_message("tools are already attached (%s); detach first", remora_agent_info.tools);
     rc = REMORA_AGENT_ERR_ALREADY_ATTACHED;
   } else if (g_loaded && tool_list && tool_list[0] && !same_list(tool_list)) {
-    set_message("a re-attach must name the loaded tools; loaded: %s; requested: %.1024s", remora_agent_info.tools,
-                tool_list);
+    set_message("a re-attach must name the loaded tools; loaded: %s; requested: %.1024s",
+                remora_agent_info.tools, tool_list);
     rc = REMORA_AGENT_ERR_DIFFERENT_TOOLS;
   } else if (!g_loaded && (tool_list == nullptr || tool_list[0] == '\0')) {
     set_message("no tool given to attach");

@@ -28,31 +28,31 @@
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
   REMORA_AGENT_OK = 0,
-  REMORA_AGENT_ERR_REFUSED = 1,        /* REMORA_TOOL_ATTACH=0 / ROCP_TOOL_ATTACH=0 */
-  REMORA_AGENT_ERR_BAD_ARGUMENT = 2,   /* malformed env buffer or tool list */
-  REMORA_AGENT_ERR_LOAD = 3,           /* a tool failed to dlopen */
-  REMORA_AGENT_ERR_NOT_ATTACHABLE = 4, /* a tool lacks remora_configure_attach / remora_configure */
-  REMORA_AGENT_ERR_TOOL_FAILED = 5,    /* a tool callback returned non-zero */
-  REMORA_AGENT_ERR_DIFFERENT_TOOLS = 6,/* re-attach with another tool list */
-  REMORA_AGENT_ERR_NOT_ATTACHED = 7,   /* detach without attach */
+  REMORA_AGENT_ERR_REFUSED = 1,         /* REMORA_TOOL_ATTACH=0 / ROCP_TOOL_ATTACH=0 */
+  REMORA_AGENT_ERR_BAD_ARGUMENT = 2,    /* malformed env buffer or tool list */
+  REMORA_AGENT_ERR_LOAD = 3,            /* a tool failed to dlopen */
+  REMORA_AGENT_ERR_NOT_ATTACHABLE = 4,  /* a tool lacks remora_configure_attach / remora_configure */
+  REMORA_AGENT_ERR_TOOL_FAILED = 5,     /* a tool callback returned non-zero */
+  REMORA_AGENT_ERR_DIFFERENT_TOOLS = 6, /* re-attach with another tool list */
+  REMORA_AGENT_ERR_NOT_ATTACHED = 7,    /* detach without attach */
   REMORA_AGENT_ERR_ALREADY_ATTACHED = 8,
-  REMORA_AGENT_ERR_LEASE = 9,          /* the lease could not be armed */
+  REMORA_AGENT_ERR_LEASE = 9, /* the lease could not be armed */
 };
 
 /* Exported by the agent as `remora_agent_info`. Written only by the agent
  * (under its lock); the controller reads it. */
 struct remora_agent_info {
-  uint64_t magic;             /* REMORA_AGENT_MAGIC once initialised */
-  uint32_t size;              /* sizeof(struct remora_agent_info) */
-  uint32_t version;           /* REMORA_AGENT_PROTOCOL_VERSION */
-  uint32_t features;          /* REMORA_AGENT_FEATURE_* */
-  int32_t listener_tid;       /* tid of "remora-listen" (0 while starting) */
-  int32_t attached;           /* 1 while tools are attached */
-  int32_t last_result;        /* enum remora_agent_result of the last call */
-  uint64_t sessions;          /* attaches so far */
-  uint64_t detaches;          /* detaches so far (including lease-forced) */
-  int32_t lease_pid;          /* controller holding the lease (target's view), 0 none */
-  int32_t lease_expired;      /* 1 once the lease forced a detach */
+  uint64_t magic;                          /* REMORA_AGENT_MAGIC once initialised */
+  uint32_t size;                           /* sizeof(struct remora_agent_info) */
+  uint32_t version;                        /* REMORA_AGENT_PROTOCOL_VERSION */
+  uint32_t features;                       /* REMORA_AGENT_FEATURE_* */
+  int32_t listener_tid;                    /* tid of "remora-listen" (0 while starting) */
+  int32_t attached;                        /* 1 while tools are attached */
+  int32_t last_result;                     /* enum remora_agent_result of the last call */
+  uint64_t sessions;                       /* attaches so far */
+  uint64_t detaches;                       /* detaches so far (including lease-forced) */
+  int32_t lease_pid;                       /* controller holding the lease (target's view), 0 none */
+  int32_t lease_expired;                   /* 1 once the lease forced a detach */
   char tools[REMORA_AGENT_TOOLS_SIZE];     /* loaded tool list, ':'-separated */
   char message[REMORA_AGENT_MESSAGE_SIZE]; /* why the last call failed ("" on success) */
 };

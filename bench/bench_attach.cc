@@ -232,11 +232,12 @@ int main(int argc, char** argv) {
   std::printf("| measurement | median | p99 / max |\n|---|---|---|\n");
   std::printf("| in-process floor (the process loads agent and tool itself), n=%zu | %.0f us | %.0f us |\n",
               floor.size(), fl.median, fl.p99);
-  std::printf("| first attach (agent injected), n=%zu | %.0f us | %.0f us |\n", first.size(), f.median, f.p99);
+  std::printf("| first attach (agent injected), n=%zu | %.0f us | %.0f us |\n", first.size(), f.median,
+              f.p99);
   std::printf("| re-attach (agent loaded), n=%d | %.0f us | %.0f us |\n", cycles, ra.median, ra.p99);
   std::printf("| detach, n=%d | %.0f us | %.0f us |\n", cycles, de.median, de.p99);
-  std::printf("| attach_tree, 32 fresh processes, n=%zu | %.1f ms | %.1f ms |\n", tree32.size(), tr.median / 1000,
-              tr.p99 / 1000);
+  std::printf("| attach_tree, 32 fresh processes, n=%zu | %.1f ms | %.1f ms |\n", tree32.size(),
+              tr.median / 1000, tr.p99 / 1000);
   std::printf("| in-process floor, 32 fresh processes, one per CPU at a time, n=%zu | %.1f ms | %.1f ms |\n",
               tree_floor.size(), tf.median, tf.p99);
   std::printf("\nfirst attach / in-process floor: %.1fx\n", f.median / fl.median);

@@ -234,16 +234,20 @@ nanoseconds two_stop_floor_once(pid_t tid) {
       die("PTRACE_INTERRUPT: " + std::string(strerror(errno)));
     int status = 0;
     if (waitpid(tid, &status, __WALL) != tid) die("waitpid: " + std::string(strerror(errno)));
-    if (!WIFSTOPPED(status) || (status >> 16) != PTRACE_EVENT_STOP) die("unexpected stop status " + std::to_string(status));
+    if (!WIFSTOPPED(status) || (status >> 16) != PTRACE_EVENT_STOP)
+      die("unexpected stop status " + std::to_string(status));
   };
   stop();
   user_regs_struct regs{};
   iovec iov{&regs, sizeof regs};
-  if (ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &iov) != 0) die("PTRACE_GETREGSET: " + std::string(strerror(errno)));
-  if (ptrace(PTRACE_SETREGSET, tid, NT_PRSTATUS, &iov) != 0) die("PTRACE_SETREGSET: " + std::string(strerror(errno)));
+  if (ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &iov) != 0)
+    die("PTRACE_GETREGSET: " + std::string(strerror(errno)));
+  if (ptrace(PTRACE_SETREGSET, tid, NT_PRSTATUS, &iov) != 0)
+    die("PTRACE_SETREGSET: " + std::string(strerror(errno)));
   if (ptrace(PTRACE_CONT, tid, nullptr, nullptr) != 0) die("PTRACE_CONT: " + std::string(strerror(errno)));
   stop();
-  if (ptrace(PTRACE_DETACH, tid, nullptr, nullptr) != 0) die("PTRACE_DETACH: " + std::string(strerror(errno)));
+  if (ptrace(PTRACE_DETACH, tid, nullptr, nullptr) != 0)
+    die("PTRACE_DETACH: " + std::string(strerror(errno)));
   return Clock::now() - t0;
 }
 
@@ -382,8 +386,8 @@ int run(int argc, char** argv) {
   std::printf("%-46s %11s %11s %11s\n", "measurement (thread blocked in read)", "median", "p99", "max");
   std::printf("%-46s %11s %11s %11s\n", "(a) floor: seize+interrupt+wait+regs+detach", us(fl.median).c_str(),
               us(fl.p99).c_str(), us(fl.max).c_str());
-  std::printf("%-46s %11s %11s %11s\n", "(a2) two-stop floor: ... cont, interrupt, wait", us(f2.median).c_str(),
-              us(f2.p99).c_str(), us(f2.max).c_str());
+  std::printf("%-46s %11s %11s %11s\n", "(a2) two-stop floor: ... cont, interrupt, wait",
+              us(f2.median).c_str(), us(f2.p99).c_str(), us(f2.max).c_str());
   std::printf("%-46s %11s %11s %11s\n", "(b) remote call round trip: bench_probe(i)", us(ca.median).c_str(),
               us(ca.p99).c_str(), us(ca.max).c_str());
   std::printf("%-46s %11s %11s %11s\n", "(c) called thread stopped (CallReport)", us(st.median).c_str(),

@@ -120,7 +120,8 @@ std::string load_average() {
 //  alloc_rounds=.. pipe_reads=.. errors=.. rss=..MiB"
 struct Heartbeat {
   long t = 0;
-  uint64_t hashes = 0, sorts = 0, file_rounds = 0, lock_rounds = 0, alloc_rounds = 0, pipe_reads = 0, errors = 0;
+  uint64_t hashes = 0, sorts = 0, file_rounds = 0, lock_rounds = 0, alloc_rounds = 0, pipe_reads = 0,
+           errors = 0;
 };
 
 std::optional<Heartbeat> parse_heartbeat(const std::string& line) {
@@ -129,8 +130,8 @@ std::optional<Heartbeat> parse_heartbeat(const std::string& line) {
   double rss = 0;
   int n = std::sscanf(line.c_str(),
                       "heartbeat: pid %d t=%lds hashes=%" SCNu64 " sorts=%" SCNu64 " file_rounds=%" SCNu64
-                      " lock_rounds=%" SCNu64 " alloc_rounds=%" SCNu64 " pipe_reads=%" SCNu64 " errors=%" SCNu64
-                      " rss=%lf",
+                      " lock_rounds=%" SCNu64 " alloc_rounds=%" SCNu64 " pipe_reads=%" SCNu64
+                      " errors=%" SCNu64 " rss=%lf",
                       &pid, &h.t, &h.hashes, &h.sorts, &h.file_rounds, &h.lock_rounds, &h.alloc_rounds,
                       &h.pipe_reads, &h.errors, &rss);
   if (n != 10) return std::nullopt;
@@ -195,7 +196,8 @@ std::map<std::string, double> cpu_by_thread(pid_t pid) {
       auto rp = s.rfind(')');
       if (rp == std::string::npos) continue;  // the thread just exited
       unsigned long long ut = 0, st = 0;
-      if (std::sscanf(s.c_str() + rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+      if (std::sscanf(s.c_str() + rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                      &st) != 2)
         continue;
       ns = static_cast<double>(ut + st) * ns_per_tick;
     }
@@ -228,10 +230,10 @@ const std::vector<Workload>& workloads() {
 struct Window {
   bool attached = false;
   double seconds = 0;
-  std::vector<double> rate;         // per workload: units per second
+  std::vector<double> rate;          // per workload: units per second
   std::vector<double> cpu_per_unit;  // per workload: CPU microseconds per unit
   double process_cpu_ms_per_s = 0;
-  double tool_cpu_ms_per_s = 0;     // the tool's thread ("remora-tool")
+  double tool_cpu_ms_per_s = 0;  // the tool's thread ("remora-tool")
 };
 
 class Bench {
@@ -323,17 +325,23 @@ Args parse_args(int argc, char** argv) {
       if (i + 1 >= argc) die("option " + k + " needs a value");
       return argv[++i];
     };
-    if (k == "--rounds") a.rounds = std::atoi(value().c_str());
-    else if (k == "--window") a.window = std::atoi(value().c_str());
-    else if (k == "--service") a.service = value();
-    else if (k == "--tool") a.tool = value();
-    else if (k == "--agent") a.agent = value();
+    if (k == "--rounds")
+      a.rounds = std::atoi(value().c_str());
+    else if (k == "--window")
+      a.window = std::atoi(value().c_str());
+    else if (k == "--service")
+      a.service = value();
+    else if (k == "--tool")
+      a.tool = value();
+    else if (k == "--agent")
+      a.agent = value();
     else if (k == "--env") {
       std::string kv = value();
       auto eq = kv.find('=');
       if (eq == std::string::npos || eq == 0) die("--env wants NAME=VALUE, not " + kv);
       a.env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-    } else if (k == "--keep-output") a.keep_output = true;
+    } else if (k == "--keep-output")
+      a.keep_output = true;
     else
       die("usage: remora-bench-tool-overhead [--rounds N] [--window SEC] [--service PATH] [--tool PATH] "
           "[--agent PATH] [--env NAME=VALUE]... [--keep-output]");
@@ -406,7 +414,8 @@ int main(int argc, char** argv) {
     if (auto d = controller.detach(g_service); !d) die("detach: " + d.error().to_string());
     detach_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     detached.push_back(bench.measure(false, args.window));
-    std::fprintf(stderr, "round %d/%d: process CPU %.0f ms/s detached, %.0f ms/s attached (tool thread %.0f ms/s)\n",
+    std::fprintf(stderr,
+                 "round %d/%d: process CPU %.0f ms/s detached, %.0f ms/s attached (tool thread %.0f ms/s)\n",
                  round + 1, args.rounds, detached[detached.size() - 2].process_cpu_ms_per_s,
                  attached.back().process_cpu_ms_per_s, attached.back().tool_cpu_ms_per_s);
   }
@@ -437,11 +446,13 @@ int main(int argc, char** argv) {
   std::printf("## Default tool overhead on remora-sample-service\n\n");
   std::string settings = args.env.empty() ? "its default settings" : "";
   for (const auto& [k, v] : args.env) settings += (settings.empty() ? "" : " ") + k + "=" + v;
-  std::printf("Tool: %s at %s; %u CPUs; load average (1/5/15 min) %s at start, %s at end.\n", args.tool.c_str(),
-              settings.c_str(), std::thread::hardware_concurrency(), load_start.c_str(), load_end.c_str());
-  std::printf("%d rounds: %zu detached and %zu attached windows of %d s, alternating (D A D ... A D), each "
-              "starting 1 s after the attach or detach.\n\n",
-              args.rounds, detached.size(), attached.size(), args.window);
+  std::printf("Tool: %s at %s; %u CPUs; load average (1/5/15 min) %s at start, %s at end.\n",
+              args.tool.c_str(), settings.c_str(), std::thread::hardware_concurrency(), load_start.c_str(),
+              load_end.c_str());
+  std::printf(
+      "%d rounds: %zu detached and %zu attached windows of %d s, alternating (D A D ... A D), each "
+      "starting 1 s after the attach or detach.\n\n",
+      args.rounds, detached.size(), attached.size(), args.window);
   std::printf("| workload | metric | detached (median) | attached (median) | attached / detached |\n");
   std::printf("|---|---|---|---|---|\n");
   for (size_t i = 0; i < workloads().size(); ++i) {
@@ -456,16 +467,19 @@ int main(int argc, char** argv) {
   }
   auto pc = [](const Window& w) { return w.process_cpu_ms_per_s; };
   auto dp = column(detached, pc), ap = column(attached, pc);
-  std::printf("| whole process | CPU ms / s | %.1f | %.1f | %.3f |\n", median(dp), median(ap), paired_ratio(dp, ap));
+  std::printf("| whole process | CPU ms / s | %.1f | %.1f | %.3f |\n", median(dp), median(ap),
+              paired_ratio(dp, ap));
   auto tc = column(attached, [](const Window& w) { return w.tool_cpu_ms_per_s; });
   std::printf("| tool thread (remora-tool) | CPU ms / s | - | %.2f | - |\n", median(tc));
-  std::printf("\nAttach (agent already loaded after the first): median %.1f ms, max %.1f ms. "
-              "Detach (the tool writes its results): median %.1f ms, max %.1f ms. %zu result directories written.\n",
-              median(attach_ms), *std::max_element(attach_ms.begin(), attach_ms.end()), median(detach_ms),
-              *std::max_element(detach_ms.begin(), detach_ms.end()), outputs);
+  std::printf(
+      "\nAttach (agent already loaded after the first): median %.1f ms, max %.1f ms. "
+      "Detach (the tool writes its results): median %.1f ms, max %.1f ms. %zu result directories written.\n",
+      median(attach_ms), *std::max_element(attach_ms.begin(), attach_ms.end()), median(detach_ms),
+      *std::max_element(detach_ms.begin(), detach_ms.end()), outputs);
   std::printf("Service: errors=%" PRIu64 " at the last heartbeat (t=%lds); %s.\n", last.errors, last.t,
               service_ok ? "exited 0 (its own checks passed)" : "did NOT exit cleanly");
-  std::printf("Ratios are medians over rounds of attached / mean(detached before, detached after): "
-              "> 1 for CPU means the tool costs that share per unit of work.\n");
+  std::printf(
+      "Ratios are medians over rounds of attached / mean(detached before, detached after): "
+      "> 1 for CPU means the tool costs that share per unit of work.\n");
   return service_ok ? 0 : 1;
 }

@@ -12,8 +12,8 @@
 #include <sys/wait.h>
 
 #include <atomic>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,28 +41,27 @@ std::string describe(const control::Event& ev, control::Process& p) {
   std::string out;
   switch (ev.kind) {
     case K::kDlopen:
-      for (const auto& o : ev.added) out += (out.empty() ? "" : "\n") + std::string("DLOPEN ") + o.name + " " + hex_addr(o.base);
+      for (const auto& o : ev.added)
+        out += (out.empty() ? "" : "\n") + std::string("DLOPEN ") + o.name + " " + hex_addr(o.base);
       break;
     case K::kDlclose:
-      for (const auto& o : ev.removed) out += (out.empty() ? "" : "\n") + std::string("DLCLOSE ") + o.name + " " + hex_addr(o.base);
+      for (const auto& o : ev.removed)
+        out += (out.empty() ? "" : "\n") + std::string("DLCLOSE ") + o.name + " " + hex_addr(o.base);
       break;
-    case K::kFork:
-      out = std::string(ev.vfork ? "VFORK " : "FORK ") + std::to_string(ev.child_pid);
-      break;
-    case K::kExec:
-      out = "EXEC " + (p.objects().empty() ? std::string("?") : p.objects().front().name);
-      break;
+    case K::kFork: out = std::string(ev.vfork ? "VFORK " : "FORK ") + std::to_string(ev.child_pid); break;
+    case K::kExec: out = "EXEC " + (p.objects().empty() ? std::string("?") : p.objects().front().name); break;
     case K::kExit:
-      if (WIFEXITED(ev.exit_status)) out = "EXIT " + std::to_string(WEXITSTATUS(ev.exit_status));
-      else if (WIFSIGNALED(ev.exit_status)) out = std::string("EXIT signal ") + sigabbrev_np(WTERMSIG(ev.exit_status));
-      else out = "EXIT";
+      if (WIFEXITED(ev.exit_status))
+        out = "EXIT " + std::to_string(WEXITSTATUS(ev.exit_status));
+      else if (WIFSIGNALED(ev.exit_status))
+        out = std::string("EXIT signal ") + sigabbrev_np(WTERMSIG(ev.exit_status));
+      else
+        out = "EXIT";
       break;
     case K::kGone:
       out = ev.signal ? std::string("GONE killed by SIG") + sigabbrev_np(ev.signal) : std::string("GONE");
       break;
-    case K::kIntr:
-      out = "INTERRUPTED";
-      break;
+    case K::kIntr: out = "INTERRUPTED"; break;
   }
   return out;
 }
@@ -84,14 +83,16 @@ int run_events(const EventsArgs& a) {
   {
     Result<std::unique_ptr<control::Process>> first =
         a.pid != 0 ? control::Process::open(a.pid)
-                   : control::Process::launch(control::LaunchOptions{a.command, std::nullopt, {}, {}, std::chrono::milliseconds(a.timeout_ms)});
+                   : control::Process::launch(control::LaunchOptions{
+                         a.command, std::nullopt, {}, {}, std::chrono::milliseconds(a.timeout_ms)});
     if (!first) {
       print_error(first.error().to_string());
       return to_int(exit_code_for(first.error().code()));
     }
     procs.push_back(std::move(*first));
   }
-  std::printf("[%d] %s\n", procs[0]->pid(), a.pid != 0 ? "OPENED" : "LAUNCHED (stopped before any constructor ran)");
+  std::printf("[%d] %s\n", procs[0]->pid(),
+              a.pid != 0 ? "OPENED" : "LAUNCHED (stopped before any constructor ran)");
   std::fflush(stdout);
 
   std::atomic<bool> stopping{false};
@@ -125,7 +126,8 @@ int run_events(const EventsArgs& a) {
       break;
     }
     std::string text = describe(*ev, p);
-    for (auto line : split_fields(text, "\n")) std::printf("[%d] %.*s\n", p.pid(), static_cast<int>(line.size()), line.data());
+    for (auto line : split_fields(text, "\n"))
+      std::printf("[%d] %.*s\n", p.pid(), static_cast<int>(line.size()), line.data());
     std::fflush(stdout);
     using K = control::Event::Kind;
     if (ev->kind == K::kFork && ev->child) procs.push_back(std::move(ev->child));
@@ -150,11 +152,12 @@ int run_events(const EventsArgs& a) {
 
 void add_events_command(CLI::App& root, Dispatch& dispatch) {
   auto args = std::make_shared<EventsArgs>();
-  CLI::App* sub = root.add_subcommand(
-      "events", "Print a process's library, fork, exec and exit events as they happen.\n"
-                "Either attach to a running process (-p) or launch one (-- CMD ARGS...), stopped\n"
-                "before any of its constructors run. Ctrl-C stops watching: an opened process\n"
-                "resumes, a launched one is killed.");
+  CLI::App* sub =
+      root.add_subcommand("events",
+                          "Print a process's library, fork, exec and exit events as they happen.\n"
+                          "Either attach to a running process (-p) or launch one (-- CMD ARGS...), stopped\n"
+                          "before any of its constructors run. Ctrl-C stops watching: an opened process\n"
+                          "resumes, a launched one is killed.");
   sub->add_option("-p,--pid", args->pid, "process to watch");
   sub->add_flag("--follow", args->follow, "follow fork children too (lines are prefixed with the pid)");
   sub->add_option("--timeout", args->timeout_ms, "deadline in ms to reach the launch stop (default 10000)");

@@ -41,7 +41,8 @@ constexpr StatusText kStatusText[] = {
     {"ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT", "Invalid function argument"},
     {"ROCATTACH_STATUS_ERROR_NOT_SUPPORTED", "Attachment not supported on this platform"},
     {"ROCATTACH_STATUS_ERROR_PTRACE_ERROR", "General ptrace error"},
-    {"ROCATTACH_STATUS_ERROR_PTRACE_OPERATION_NOT_PERMITTED", "ptrace returned EPERM, operation not permitted"},
+    {"ROCATTACH_STATUS_ERROR_PTRACE_OPERATION_NOT_PERMITTED",
+     "ptrace returned EPERM, operation not permitted"},
     {"ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND", "ptrace returned ESRCH, no such process"},
 };
 static_assert(std::size(kStatusText) == ROCATTACH_STATUS_LAST, "one name and string per status");
@@ -109,9 +110,10 @@ bool make_options(const std::string& what, Options* o) {
   const char* tools = secure_getenv("ROCPROF_ATTACH_TOOL_LIBRARY");
   if (!tools || !*tools) tools = secure_getenv("REMORA_ATTACH_TOOL_LIBRARY");
   if (!tools || !*tools) {
-    print_error(what, "no tool library to attach: set ROCPROF_ATTACH_TOOL_LIBRARY (or REMORA_ATTACH_TOOL_LIBRARY) "
-                      "in this process's environment to the tool's path (colon-separated for several); the tool "
-                      "must implement Remora's tool ABI (remora/tool.h)");
+    print_error(what,
+                "no tool library to attach: set ROCPROF_ATTACH_TOOL_LIBRARY (or REMORA_ATTACH_TOOL_LIBRARY) "
+                "in this process's environment to the tool's path (colon-separated for several); the tool "
+                "must implement Remora's tool ABI (remora/tool.h)");
     return false;
   }
   o->tools = tools;

@@ -166,7 +166,9 @@ void tnfctl_interrupt(tnfctl_handle_t* hndl) {
   if (hndl != nullptr && hndl->proc) hndl->proc->interrupt();
 }
 
-pid_t tnfctl_pid(const tnfctl_handle_t* hndl) { return hndl != nullptr && hndl->proc ? hndl->proc->pid() : -1; }
+pid_t tnfctl_pid(const tnfctl_handle_t* hndl) {
+  return hndl != nullptr && hndl->proc ? hndl->proc->pid() : -1;
+}
 
 tnfctl_errcode_t tnfctl_exit_status(const tnfctl_handle_t* hndl, int* status) {
   if (hndl == nullptr || status == nullptr || !hndl->exited) return TNFCTL_ERR_BADARG;

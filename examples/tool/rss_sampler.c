@@ -98,9 +98,9 @@ struct session {
 
 struct tool {
   int attached;
-  int wake_fd;           /* eventfd: tool_detach writes it to stop the sampler */
+  int wake_fd; /* eventfd: tool_detach writes it to stop the sampler */
   pthread_t sampler;
-  pid_t sampler_pid;     /* getpid() when the sampler started (see fork below) */
+  pid_t sampler_pid; /* getpid() when the sampler started (see fork below) */
   struct session s;
 };
 
@@ -247,10 +247,9 @@ static int read_settings(struct session* s) {
     s->interval_ms = (unsigned)v;
   }
   const char* output = getenv("RSS_SAMPLER_OUTPUT");
-  int n = output && *output
-              ? snprintf(s->output, sizeof s->output, "%s", output)
-              : snprintf(s->output, sizeof s->output, "rss-sampler-%d-s%llu.txt", (int)s->pid,
-                         (unsigned long long)s->session);
+  int n = output && *output ? snprintf(s->output, sizeof s->output, "%s", output)
+                            : snprintf(s->output, sizeof s->output, "rss-sampler-%d-s%llu.txt", (int)s->pid,
+                                       (unsigned long long)s->session);
   if (n < 0 || (size_t)n >= sizeof s->output) {
     fprintf(stderr, "rss-sampler: RSS_SAMPLER_OUTPUT is too long\n");
     return kErrSetting;
@@ -312,7 +311,8 @@ static int tool_attach(void* data, const remora_tool_info_t* info) {
   t->s.pid = getpid();
   /* Size-prefixed struct: read a field only when the agent's struct has it
    * (an agent older than this header may pass a shorter one). */
-  if (info->size >= offsetof(remora_tool_info_t, session) + sizeof info->session) t->s.session = info->session;
+  if (info->size >= offsetof(remora_tool_info_t, session) + sizeof info->session)
+    t->s.session = info->session;
   int rc = read_settings(&t->s);
   if (rc) return rc;
   long threads = scan_threads(&t->s, 1);
@@ -362,7 +362,8 @@ static remora_tool_configure_attach_result_t g_configure_attach = {
  * (-fvisibility=hidden), so the tool's names never clash with the
  * application's. An agent with an older ABI version would still call these
  * the same way: version 1 is the only one so far. */
-EXPORT remora_tool_configure_result_t* remora_configure(uint32_t abi_version, const remora_tool_info_t* info) {
+EXPORT remora_tool_configure_result_t* remora_configure(uint32_t abi_version,
+                                                        const remora_tool_info_t* info) {
   (void)info;
   if (abi_version < 1) return NULL;
   return &g_configure;

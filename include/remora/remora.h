@@ -97,12 +97,12 @@ typedef enum remora_status {
   REMORA_STATUS_NOT_SUPPORTED = 17,     /* the kernel, libc or architecture lacks a feature */
   REMORA_STATUS_IDENTITY_MISMATCH = 18, /* a file is not the one mapped in the target */
   REMORA_STATUS_INTERNAL = 19,          /* a bug in Remora: please report it */
-  REMORA_STATUS_REFUSED = 20,           /* the target refuses tools (REMORA_TOOL_ATTACH=0 / ROCP_TOOL_ATTACH=0) */
-  REMORA_STATUS_NOT_ATTACHABLE = 21,    /* a library lacks remora_configure_attach (or is no tool) */
-  REMORA_STATUS_TOOL_FAILED = 22,       /* a tool failed to load, or a callback returned an error */
-  REMORA_STATUS_NOT_ATTACHED = 23,      /* detach, but no tools are attached */
-  REMORA_STATUS_ALREADY_ATTACHED = 24,  /* attach, but tools are attached already */
-  REMORA_STATUS_LAST                    /* one past the last code; not a status */
+  REMORA_STATUS_REFUSED = 20, /* the target refuses tools (REMORA_TOOL_ATTACH=0 / ROCP_TOOL_ATTACH=0) */
+  REMORA_STATUS_NOT_ATTACHABLE = 21,   /* a library lacks remora_configure_attach (or is no tool) */
+  REMORA_STATUS_TOOL_FAILED = 22,      /* a tool failed to load, or a callback returned an error */
+  REMORA_STATUS_NOT_ATTACHED = 23,     /* detach, but no tools are attached */
+  REMORA_STATUS_ALREADY_ATTACHED = 24, /* attach, but tools are attached already */
+  REMORA_STATUS_LAST                   /* one past the last code; not a status */
 } remora_status_t;
 
 /*
@@ -110,7 +110,7 @@ typedef enum remora_status {
  * you need. The library reads them during the call only.
  */
 typedef struct remora_options {
-  uint32_t size;       /* sizeof(remora_options_t) as the caller knows it */
+  uint32_t size;         /* sizeof(remora_options_t) as the caller knows it */
   uint32_t timeout_msec; /* deadline per remote operation in each target; 0 = 10000 */
   /* Tool libraries, colon-separated paths as this process sees them, in
    * call order. Required. */
@@ -134,17 +134,17 @@ typedef struct remora_options {
 
 /* What the agent in a process reports (remora_status). */
 typedef struct remora_agent_state {
-  uint32_t size;         /* set by the caller before the call; see remora_status */
-  bool agent_loaded;     /* libremora-agent.so is loaded in the process */
-  bool attached;         /* tools are attached now */
-  bool lease_expired;    /* the lease fired: the controller died and the agent detached */
+  uint32_t size;      /* set by the caller before the call; see remora_status */
+  bool agent_loaded;  /* libremora-agent.so is loaded in the process */
+  bool attached;      /* tools are attached now */
+  bool lease_expired; /* the lease fired: the controller died and the agent detached */
   uint8_t reserved;
-  uint64_t sessions;     /* attaches so far (1 after the first) */
-  uint64_t detaches;     /* detaches so far */
-  pid_t listener_tid;    /* the agent's listener thread, 0 if none */
-  pid_t lease_pid;       /* the controller holding the lease, 0 if none */
-  char tools[4096];      /* the loaded tool list, ':'-separated ("" if none); truncated, NUL-terminated */
-  char message[2048];    /* why the agent's last call failed ("" if it did not); NUL-terminated */
+  uint64_t sessions;  /* attaches so far (1 after the first) */
+  uint64_t detaches;  /* detaches so far */
+  pid_t listener_tid; /* the agent's listener thread, 0 if none */
+  pid_t lease_pid;    /* the controller holding the lease, 0 if none */
+  char tools[4096];   /* the loaded tool list, ':'-separated ("" if none); truncated, NUL-terminated */
+  char message[2048]; /* why the agent's last call failed ("" if it did not); NUL-terminated */
 } remora_agent_state_t;
 
 /*

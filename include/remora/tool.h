@@ -57,13 +57,13 @@ extern "C" {
 /* What the agent tells a tool about itself (read-only for the tool; valid
  * only during the call it is passed to). */
 typedef struct remora_tool_info {
-  uint32_t size;          /* sizeof(remora_tool_info_t) as the agent knows it */
-  uint32_t abi_version;   /* REMORA_TOOL_ABI_VERSION of the agent */
-  const char* tool_path;  /* the path the tool was loaded from */
-  uint32_t tool_index;    /* position in the tool list, from 0 */
+  uint32_t size;         /* sizeof(remora_tool_info_t) as the agent knows it */
+  uint32_t abi_version;  /* REMORA_TOOL_ABI_VERSION of the agent */
+  const char* tool_path; /* the path the tool was loaded from */
+  uint32_t tool_index;   /* position in the tool list, from 0 */
   uint32_t reserved;
-  pid_t pid;              /* the process as it sees itself (getpid()) */
-  uint64_t session;       /* 1 for the first attach, +1 for each re-attach */
+  pid_t pid;        /* the process as it sees itself (getpid()) */
+  uint64_t session; /* 1 for the first attach, +1 for each re-attach */
 } remora_tool_info_t;
 
 typedef int (*remora_tool_init_fn)(void* tool_data);
@@ -74,19 +74,19 @@ typedef int (*remora_tool_detach_fn)(void* tool_data, const remora_tool_info_t* 
 /* Returned by remora_configure. Owned by the tool (typically a static
  * object); must stay valid until tool_fini returns. */
 typedef struct remora_tool_configure_result {
-  uint32_t size;                   /* sizeof(remora_tool_configure_result_t) */
+  uint32_t size; /* sizeof(remora_tool_configure_result_t) */
   uint32_t reserved;
-  remora_tool_init_fn tool_init;   /* may be NULL */
-  remora_tool_fini_fn tool_fini;   /* may be NULL */
-  void* tool_data;                 /* passed to every callback */
+  remora_tool_init_fn tool_init; /* may be NULL */
+  remora_tool_fini_fn tool_fini; /* may be NULL */
+  void* tool_data;               /* passed to every callback */
 } remora_tool_configure_result_t;
 
 /* Returned by remora_configure_attach. Owned by the tool. */
 typedef struct remora_tool_configure_attach_result {
-  uint32_t size;                       /* sizeof(remora_tool_configure_attach_result_t) */
+  uint32_t size; /* sizeof(remora_tool_configure_attach_result_t) */
   uint32_t reserved;
-  remora_tool_attach_fn tool_attach;   /* required */
-  remora_tool_detach_fn tool_detach;   /* required */
+  remora_tool_attach_fn tool_attach; /* required */
+  remora_tool_detach_fn tool_detach; /* required */
 } remora_tool_configure_attach_result_t;
 
 /* Exported by a tool. Called once, on the listener thread, on the first
@@ -97,7 +97,8 @@ remora_tool_configure_attach_result_t* remora_configure_attach(uint32_t abi_vers
                                                                const remora_tool_info_t* info);
 
 typedef remora_tool_configure_result_t* (*remora_configure_fn)(uint32_t, const remora_tool_info_t*);
-typedef remora_tool_configure_attach_result_t* (*remora_configure_attach_fn)(uint32_t, const remora_tool_info_t*);
+typedef remora_tool_configure_attach_result_t* (*remora_configure_attach_fn)(uint32_t,
+                                                                             const remora_tool_info_t*);
 
 #ifdef __cplusplus
 }

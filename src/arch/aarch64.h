@@ -20,13 +20,12 @@ static_assert(sizeof(Regs) == 34 * 8);
 
 // The generic system call table (include/uapi/asm-generic/unistd.h).
 namespace nr {
-inline constexpr long kEpollPwait = 22, kPselect6 = 72, kPpoll = 73, kNanosleep = 101,
-                      kClockNanosleep = 115, kRestartSyscall = 128, kRtSigsuspend = 133,
-                      kRtSigprocmask = 135, kRtSigtimedwait = 137, kRtSigreturn = 139,
-                      kSemtimedop = 192, kSemop = 193, kMunmap = 215, kMmap = 222,
+inline constexpr long kEpollPwait = 22, kPselect6 = 72, kPpoll = 73, kNanosleep = 101, kClockNanosleep = 115,
+                      kRestartSyscall = 128, kRtSigsuspend = 133, kRtSigprocmask = 135, kRtSigtimedwait = 137,
+                      kRtSigreturn = 139, kSemtimedop = 192, kSemop = 193, kMunmap = 215, kMmap = 222,
                       kMprotect = 226, kMadvise = 233, kMemfdCreate = 279, kIoPgetevents = 292,
-                      kEpollPwait2 = 441, kIoGetevents = 4, kMsgrcv = 188, kGetpid = 172,
-                      kGettid = 178, kFutex = 98, kRead = 63, kWrite = 64;
+                      kEpollPwait2 = 441, kIoGetevents = 4, kMsgrcv = 188, kGetpid = 172, kGettid = 178,
+                      kFutex = 98, kRead = 63, kWrite = 64;
 }  // namespace nr
 
 inline constexpr uint64_t kRedZone = 0;  // AAPCS64 has no red zone
@@ -58,7 +57,9 @@ constexpr uint32_t encode_blr(unsigned reg) { return 0xd63f0000u | (reg << 5); }
 constexpr uint32_t encode_svc0() { return 0xd4000001u; }
 constexpr uint32_t encode_brk(unsigned imm) { return 0xd4200000u | ((imm & 0xffff) << 5); }
 // movz xd, #imm16
-constexpr uint32_t encode_movz(unsigned rd, unsigned imm16) { return 0xd2800000u | ((imm16 & 0xffff) << 5) | rd; }
+constexpr uint32_t encode_movz(unsigned rd, unsigned imm16) {
+  return 0xd2800000u | ((imm16 & 0xffff) << 5) | rd;
+}
 // mov sp, xn  (add sp, xn, #0)
 constexpr uint32_t encode_mov_to_sp(unsigned rn) { return 0x9100001fu | (rn << 5); }
 

@@ -35,10 +35,10 @@ TEST(X86_64Restart, Classification) {
       {x::nr::kAccept, kERestartNoIntr, false, RestartKind::kRestart},
       {x::nr::kEpollWait, -EINTR, false, RestartKind::kReissueOnEintr},
       {x::nr::kEpollPwait, -EINTR, false, RestartKind::kReissueOnEintr},
-      {x::nr::kEpollWait, -EINTR, true, RestartKind::kNone},   // a real signal: keep EINTR
-      {x::nr::kRead, -EINTR, false, RestartKind::kNone},       // read's EINTR is always genuine
-      {x::nr::kRead, 5, false, RestartKind::kNone},            // completed
-      {-1, kERestartSys, false, RestartKind::kNone},           // not in a syscall
+      {x::nr::kEpollWait, -EINTR, true, RestartKind::kNone},  // a real signal: keep EINTR
+      {x::nr::kRead, -EINTR, false, RestartKind::kNone},      // read's EINTR is always genuine
+      {x::nr::kRead, 5, false, RestartKind::kNone},           // completed
+      {-1, kERestartSys, false, RestartKind::kNone},          // not in a syscall
   };
   for (const auto& c : cases)
     EXPECT_EQ(x::classify_restart(in_syscall(c.nr, c.ret), c.pending), c.want) << c.nr << " " << c.ret;

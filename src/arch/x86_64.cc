@@ -15,10 +15,8 @@ bool never_restarted(long n) {
     case nr::kSemtimedop:
     case nr::kIoGetevents:
     case nr::kIoPgetevents:
-    case nr::kMsgrcv:
-      return true;
-    default:
-      return false;
+    case nr::kMsgrcv: return true;
+    default: return false;
   }
 }
 
@@ -29,10 +27,8 @@ bool swaps_signal_mask(long n) {
     case nr::kPselect6:
     case nr::kEpollPwait:
     case nr::kEpollPwait2:
-    case nr::kIoPgetevents:
-      return true;
-    default:
-      return false;
+    case nr::kIoPgetevents: return true;
+    default: return false;
   }
 }
 
@@ -52,8 +48,7 @@ Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall)
   Regs out = r;
   out.orig_rax = ~uint64_t{0};  // -1: the kernel must not apply its own restart logic again
   switch (kind) {
-    case RestartKind::kNone:
-      break;
+    case RestartKind::kNone: break;
     case RestartKind::kRestart:
     case RestartKind::kReissueOnEintr:
       out.rax = r.orig_rax;
@@ -135,64 +130,64 @@ std::array<std::byte, Stub::kSize> stub_code() {
   put(Stub::kSyscallEntry, kSyscall, sizeof kSyscall);
   put(Stub::kSyscallEntry + 2, kTail, sizeof kTail);
   static constexpr uint8_t kTrampoline[] = {
-      0x53,                                      // push %rbx         (align the stack)
-      0x48, 0x89, 0xfb,                          // mov %rdi,%rbx
-      0xb8, 0xba, 0x00, 0x00, 0x00,              // mov $186,%eax     (gettid)
-      0x0f, 0x05,                                // syscall
-      0x48, 0x89, 0x43, 0x38,                    // mov %rax,0x38(%rbx)
-      0xff, 0x53, 0x18,                          // call *0x18(%rbx)  (pthread_self)
-      0x48, 0x89, 0xc7,                          // mov %rax,%rdi
-      0xff, 0x53, 0x20,                          // call *0x20(%rbx)  (pthread_detach)
-      0x48, 0x8b, 0x7b, 0x08,                    // mov 0x8(%rbx),%rdi
-      0x48, 0x8b, 0x73, 0x10,                    // mov 0x10(%rbx),%rsi
-      0xff, 0x13,                                // call *(%rbx)      (dlopen)
-      0x48, 0x89, 0x43, 0x30,                    // mov %rax,0x30(%rbx)
-      0xff, 0x53, 0x40,                          // call *0x40(%rbx)  (dlerror)
-      0x48, 0x89, 0x43, 0x48,                    // mov %rax,0x48(%rbx)
-      0x48, 0xc7, 0x43, 0x28, 0x01, 0, 0, 0,     // movq $1,0x28(%rbx) (done)
-      0x31, 0xc0,                                // xor %eax,%eax
-      0x5b,                                      // pop %rbx
-      0xc3,                                      // ret
+      0x53,                                   // push %rbx         (align the stack)
+      0x48, 0x89, 0xfb,                       // mov %rdi,%rbx
+      0xb8, 0xba, 0x00, 0x00, 0x00,           // mov $186,%eax     (gettid)
+      0x0f, 0x05,                             // syscall
+      0x48, 0x89, 0x43, 0x38,                 // mov %rax,0x38(%rbx)
+      0xff, 0x53, 0x18,                       // call *0x18(%rbx)  (pthread_self)
+      0x48, 0x89, 0xc7,                       // mov %rax,%rdi
+      0xff, 0x53, 0x20,                       // call *0x20(%rbx)  (pthread_detach)
+      0x48, 0x8b, 0x7b, 0x08,                 // mov 0x8(%rbx),%rdi
+      0x48, 0x8b, 0x73, 0x10,                 // mov 0x10(%rbx),%rsi
+      0xff, 0x13,                             // call *(%rbx)      (dlopen)
+      0x48, 0x89, 0x43, 0x30,                 // mov %rax,0x30(%rbx)
+      0xff, 0x53, 0x40,                       // call *0x40(%rbx)  (dlerror)
+      0x48, 0x89, 0x43, 0x48,                 // mov %rax,0x48(%rbx)
+      0x48, 0xc7, 0x43, 0x28, 0x01, 0, 0, 0,  // movq $1,0x28(%rbx) (done)
+      0x31, 0xc0,                             // xor %eax,%eax
+      0x5b,                                   // pop %rbx
+      0xc3,                                   // ret
   };
   static_assert(sizeof kTrampoline <= Stub::kMarkedCallEntry - Stub::kThreadTrampoline);
   put(Stub::kThreadTrampoline, kTrampoline, sizeof kTrampoline);
   static constexpr uint8_t kMarkedCall[] = {
-      0x41, 0xff, 0xd3,                    // call *%r11
-      0x49, 0x89, 0x04, 0x24,              // mov %rax,(%r12)    (result)
-      0x4d, 0x89, 0x74, 0x24, 0x08,        // mov %r14,8(%r12)   (cookie: the function returned)
-      0xb8, 0x27, 0x00, 0x00, 0x00,        // mov $39,%eax       (getpid)
-      0x0f, 0x05,                          // syscall
-      0x49, 0x89, 0xc7,                    // mov %rax,%r15
-      0xb8, 0xba, 0x00, 0x00, 0x00,        // mov $186,%eax      (gettid)
-      0x0f, 0x05,                          // syscall
-      0x4c, 0x89, 0xff,                    // mov %r15,%rdi
-      0x48, 0x89, 0xc6,                    // mov %rax,%rsi
-      0x4c, 0x89, 0xea,                    // mov %r13,%rdx
-      0xb8, 0xea, 0x00, 0x00, 0x00,        // mov $234,%eax      (tgkill: the marker, pending while blocked)
-      0x0f, 0x05,                          // syscall
-      0xb8, 0x0f, 0x00, 0x00, 0x00,        // mov $15,%eax       (rt_sigreturn)
-      0x48, 0x89, 0xdc,                    // mov %rbx,%rsp
-      0x0f, 0x05,                          // syscall
-      0x0f, 0x0b,                          // ud2                (never reached)
+      0x41, 0xff, 0xd3,              // call *%r11
+      0x49, 0x89, 0x04, 0x24,        // mov %rax,(%r12)    (result)
+      0x4d, 0x89, 0x74, 0x24, 0x08,  // mov %r14,8(%r12)   (cookie: the function returned)
+      0xb8, 0x27, 0x00, 0x00, 0x00,  // mov $39,%eax       (getpid)
+      0x0f, 0x05,                    // syscall
+      0x49, 0x89, 0xc7,              // mov %rax,%r15
+      0xb8, 0xba, 0x00, 0x00, 0x00,  // mov $186,%eax      (gettid)
+      0x0f, 0x05,                    // syscall
+      0x4c, 0x89, 0xff,              // mov %r15,%rdi
+      0x48, 0x89, 0xc6,              // mov %rax,%rsi
+      0x4c, 0x89, 0xea,              // mov %r13,%rdx
+      0xb8, 0xea, 0x00, 0x00, 0x00,  // mov $234,%eax      (tgkill: the marker, pending while blocked)
+      0x0f, 0x05,                    // syscall
+      0xb8, 0x0f, 0x00, 0x00, 0x00,  // mov $15,%eax       (rt_sigreturn)
+      0x48, 0x89, 0xdc,              // mov %rbx,%rsp
+      0x0f, 0x05,                    // syscall
+      0x0f, 0x0b,                    // ud2                (never reached)
   };
   static_assert(sizeof kMarkedCall == Stub::kMarkedCallReturnSyscallEnd - Stub::kMarkedCallEntry + 2);
   static_assert(sizeof kMarkedCall <= Stub::kSize - Stub::kMarkedCallEntry);
   put(Stub::kMarkedCallEntry, kMarkedCall, sizeof kMarkedCall);
   static constexpr uint8_t kSetup[] = {
-      0x49, 0x89, 0xd0,                    // mov %rdx,%r8       (name)
-      0x49, 0x89, 0xf2,                    // mov %rsi,%r10      (size)
-      0x48, 0x89, 0xfa,                    // mov %rdi,%rdx      (base)
-      0x49, 0x89, 0xf9,                    // mov %rdi,%r9
-      0x31, 0xf6,                          // xor %esi,%esi      (PR_SET_VMA_ANON_NAME)
-      0xbf, 0x41, 0x4d, 0x56, 0x53,        // mov $0x53564d41,%edi (PR_SET_VMA)
-      0xb8, 0x9d, 0x00, 0x00, 0x00,        // mov $157,%eax      (prctl)
-      0x0f, 0x05,                          // syscall
-      0x4c, 0x89, 0xcf,                    // mov %r9,%rdi
-      0x4c, 0x89, 0xd6,                    // mov %r10,%rsi
-      0xba, 0x0a, 0x00, 0x00, 0x00,        // mov $10,%edx       (MADV_DONTFORK)
-      0xb8, 0x1c, 0x00, 0x00, 0x00,        // mov $28,%eax       (madvise)
-      0x0f, 0x05,                          // syscall
-      0xc3,                                // ret
+      0x49, 0x89, 0xd0,              // mov %rdx,%r8       (name)
+      0x49, 0x89, 0xf2,              // mov %rsi,%r10      (size)
+      0x48, 0x89, 0xfa,              // mov %rdi,%rdx      (base)
+      0x49, 0x89, 0xf9,              // mov %rdi,%r9
+      0x31, 0xf6,                    // xor %esi,%esi      (PR_SET_VMA_ANON_NAME)
+      0xbf, 0x41, 0x4d, 0x56, 0x53,  // mov $0x53564d41,%edi (PR_SET_VMA)
+      0xb8, 0x9d, 0x00, 0x00, 0x00,  // mov $157,%eax      (prctl)
+      0x0f, 0x05,                    // syscall
+      0x4c, 0x89, 0xcf,              // mov %r9,%rdi
+      0x4c, 0x89, 0xd6,              // mov %r10,%rsi
+      0xba, 0x0a, 0x00, 0x00, 0x00,  // mov $10,%edx       (MADV_DONTFORK)
+      0xb8, 0x1c, 0x00, 0x00, 0x00,  // mov $28,%eax       (madvise)
+      0x0f, 0x05,                    // syscall
+      0xc3,                          // ret
   };
   static_assert(sizeof kSetup <= Stub::kSize - Stub::kScratchSetup);
   put(Stub::kScratchSetup, kSetup, sizeof kSetup);

@@ -15,26 +15,25 @@ namespace remora::arch::x86_64 {
 
 // Same layout as the kernel's struct user_regs_struct (asm/user_64.h).
 struct Regs {
-  uint64_t r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi, orig_rax, rip,
-      cs, eflags, rsp, ss, fs_base, gs_base, ds, es, fs, gs;
+  uint64_t r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi, orig_rax, rip, cs, eflags,
+      rsp, ss, fs_base, gs_base, ds, es, fs, gs;
 };
 static_assert(sizeof(Regs) == 27 * 8);
 
 // System call numbers (arch/x86/entry/syscalls/syscall_64.tbl).
 namespace nr {
-inline constexpr long kRead = 0, kWrite = 1, kClose = 3, kPoll = 7, kMmap = 9, kMprotect = 10,
-                      kMunmap = 11, kRtSigaction = 13, kRtSigprocmask = 14, kRtSigreturn = 15,
-                      kSelect = 23, kMadvise = 28, kPause = 34, kNanosleep = 35, kGetpid = 39,
-                      kAccept = 43, kRecvfrom = 45, kRecvmsg = 47, kWait4 = 61, kSemop = 65,
-                      kMsgrcv = 70, kRtSigtimedwait = 128, kRtSigsuspend = 130, kPrctl = 157,
-                      kGettid = 186, kFutex = 202, kIoGetevents = 208, kRestartSyscall = 219,
+inline constexpr long kRead = 0, kWrite = 1, kClose = 3, kPoll = 7, kMmap = 9, kMprotect = 10, kMunmap = 11,
+                      kRtSigaction = 13, kRtSigprocmask = 14, kRtSigreturn = 15, kSelect = 23, kMadvise = 28,
+                      kPause = 34, kNanosleep = 35, kGetpid = 39, kAccept = 43, kRecvfrom = 45, kRecvmsg = 47,
+                      kWait4 = 61, kSemop = 65, kMsgrcv = 70, kRtSigtimedwait = 128, kRtSigsuspend = 130,
+                      kPrctl = 157, kGettid = 186, kFutex = 202, kIoGetevents = 208, kRestartSyscall = 219,
                       kSemtimedop = 220, kClockNanosleep = 230, kEpollWait = 232, kWaitid = 247,
-                      kPselect6 = 270, kPpoll = 271, kEpollPwait = 281, kAccept4 = 288,
-                      kIoPgetevents = 333, kMemfdCreate = 319, kEpollPwait2 = 441;
+                      kPselect6 = 270, kPpoll = 271, kEpollPwait = 281, kAccept4 = 288, kIoPgetevents = 333,
+                      kMemfdCreate = 319, kEpollPwait2 = 441;
 }  // namespace nr
 
-inline constexpr uint64_t kRedZone = 128;     // System V ABI 3.2.2
-inline constexpr uint64_t kStackAlign = 16;   // rsp % 16 == 0 before `call`
+inline constexpr uint64_t kRedZone = 128;       // System V ABI 3.2.2
+inline constexpr uint64_t kStackAlign = 16;     // rsp % 16 == 0 before `call`
 inline constexpr uint64_t kSyscallInsnLen = 2;  // 0f 05
 
 // Calls the kernel never restarts after a stop and that return -EINTR even
@@ -62,8 +61,7 @@ Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall)
 
 // ---- the kernel's signal frame (arch/x86/include/uapi/asm/sigcontext.h) ----
 struct SigContext {
-  uint64_t r8, r9, r10, r11, r12, r13, r14, r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip,
-      eflags;
+  uint64_t r8, r9, r10, r11, r12, r13, r14, r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip, eflags;
   uint16_t cs, gs, fs, ss;
   uint64_t err, trapno, oldmask, cr2;
   uint64_t fpstate;  // address of the xsave area (64-byte aligned)
@@ -142,7 +140,7 @@ struct Stub {
   static constexpr uint64_t kCallEntry = 0;
   static constexpr uint64_t kCallReturnSyscallEnd = 16;  // rip after the final syscall
   static constexpr uint64_t kSyscallEntry = 32;
-  static constexpr uint64_t kSyscallEnd = 34;            // rip after the requested syscall
+  static constexpr uint64_t kSyscallEnd = 34;  // rip after the requested syscall
   static constexpr uint64_t kSyscallReturnSyscallEnd = 47;
   static constexpr uint64_t kMarkedCallEntry = 128;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = 128 + 0x37;  // rip after its rt_sigreturn
@@ -153,16 +151,16 @@ std::array<std::byte, Stub::kSize> stub_code();
 
 // The block the thread trampoline works on (in target memory).
 struct LoaderBlock {
-  uint64_t dlopen_fn;        // 0x00
-  uint64_t path;             // 0x08
-  uint64_t flags;            // 0x10
-  uint64_t pthread_self_fn;  // 0x18
-  uint64_t pthread_detach_fn;// 0x20
-  uint64_t done;             // 0x28: 1 once the trampoline is about to return
-  uint64_t handle;           // 0x30: dlopen's result
-  uint64_t tid;              // 0x38: the trampoline thread's id
-  uint64_t dlerror_fn;       // 0x40
-  uint64_t error;            // 0x48: dlerror()'s result
+  uint64_t dlopen_fn;          // 0x00
+  uint64_t path;               // 0x08
+  uint64_t flags;              // 0x10
+  uint64_t pthread_self_fn;    // 0x18
+  uint64_t pthread_detach_fn;  // 0x20
+  uint64_t done;               // 0x28: 1 once the trampoline is about to return
+  uint64_t handle;             // 0x30: dlopen's result
+  uint64_t tid;                // 0x38: the trampoline thread's id
+  uint64_t dlerror_fn;         // 0x40
+  uint64_t error;              // 0x48: dlerror()'s result
 };
 static_assert(sizeof(LoaderBlock) == 0x50);
 
@@ -170,7 +168,6 @@ static_assert(sizeof(LoaderBlock) == 0x50);
 inline constexpr std::array<uint8_t, 9> kRestoreRtPattern = {0x48, 0xc7, 0xc0, 0x0f, 0x00,
                                                              0x00, 0x00, 0x0f, 0x05};
 // glibc's syscall(): the instruction after its `syscall` is cmp $-4095,%rax.
-inline constexpr std::array<uint8_t, 8> kSyscallFnTail = {0x0f, 0x05, 0x48, 0x3d,
-                                                          0x01, 0xf0, 0xff, 0xff};
+inline constexpr std::array<uint8_t, 8> kSyscallFnTail = {0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff};
 
 }  // namespace remora::arch::x86_64

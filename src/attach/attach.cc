@@ -121,8 +121,9 @@ Result<void> check_environment(pid_t pid) {
       bool starts = pos == 0 || all[pos - 1] == '\0';
       bool ends = pos + var.size() == all.size() || all[pos + var.size()] == '\0';
       if (starts && ends)
-        return Error(Errc::kRefused, "process " + std::to_string(pid) + " refuses tool attachment: it was started with " +
-                                         std::string(var) + " in its environment");
+        return Error(Errc::kRefused, "process " + std::to_string(pid) +
+                                         " refuses tool attachment: it was started with " + std::string(var) +
+                                         " in its environment");
       pos += var.size();
     }
   }
@@ -164,7 +165,8 @@ Result<std::string> find_agent_library(const std::string& explicit_path) {
   }
   std::vector<std::string> dirs;
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&find_agent_library), &info) && info.dli_fname) dirs.push_back(dir_of(info.dli_fname));
+  if (dladdr(reinterpret_cast<void*>(&find_agent_library), &info) && info.dli_fname)
+    dirs.push_back(dir_of(info.dli_fname));
   char exe[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
@@ -302,8 +304,10 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     x::LoaderBlock block{};
     // One read of the maps for all of libc's functions. Before glibc 2.34,
     // dlopen and dlerror live in libdl.so.2.
-    const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},        {"pthread_self"},
-                                                    {"pthread_detach"},        {"dlopen", true, false},
+    const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},
+                                                    {"pthread_self"},
+                                                    {"pthread_detach"},
+                                                    {"dlopen", true, false},
                                                     {"dlerror", true, false}};
     auto fns = REMORA_TRY(t.find_symbols("libc.so.6", libc_fns));
     const RemoteAddr pthread_create_fn = fns[0];
@@ -315,8 +319,9 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
       const remote::Target::SymbolQuery libdl_fns[] = {{"dlopen"}, {"dlerror"}};
       auto dl = t.find_symbols("libdl.so.2", libdl_fns);
       if (!dl)
-        return Error(Errc::kNotSupported, "process " + std::to_string(t.pid()) +
-                                              " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
+        return Error(Errc::kNotSupported,
+                     "process " + std::to_string(t.pid()) +
+                         " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
       block.dlopen_fn = (*dl)[0].addr();
       block.dlerror_fn = (*dl)[1].addr();
     }
@@ -353,7 +358,8 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     // done every half millisecond, not at every look at the block.
     auto next_stop_check = std::chrono::steady_clock::now();
     for (;;) {
-      REMORA_TRY_CTX(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))), "read the loader block");
+      REMORA_TRY_CTX(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))),
+                     "read the loader block");
       if (block.done == 1) break;
       if (!driven && before && std::chrono::steady_clock::now() >= next_stop_check) {
         next_stop_check = std::chrono::steady_clock::now() + std::chrono::microseconds(500);
@@ -362,7 +368,8 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
         if (now)
           for (pid_t tid : *now)
             if (std::find(before->begin(), before->end(), tid) == before->end()) fresh = tid;
-        auto st = fresh ? procfs::read_stat(t.pid(), fresh) : Result<procfs::Stat>(Error(Errc::kNoSuchProcess, ""));
+        auto st =
+            fresh ? procfs::read_stat(t.pid(), fresh) : Result<procfs::Stat>(Error(Errc::kNoSuchProcess, ""));
         if (st && st->state == 'T') {
           loader = REMORA_TRY_CTX(drive_new_thread(t.pid(), *before, deadline), "run the loader thread");
           driven = true;
@@ -371,8 +378,9 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
       }
       if (deadline.expired()) {
         t.abandon_scratch();  // the loader thread may still run there
-        return Error(Errc::kTimedOut, "the agent did not finish loading in time (a constructor in the target may be "
-                                      "blocked); the loader thread was left running");
+        return Error(Errc::kTimedOut,
+                     "the agent did not finish loading in time (a constructor in the target may be "
+                     "blocked); the loader thread was left running");
       }
       // The agent's dlopen takes about a millisecond: look often, without
       // spinning.
@@ -396,7 +404,8 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     }
     if (block.handle == 0) {
       char msg[512] = "";
-      if (block.error) (void)t.read(RemoteAddr(block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
+      if (block.error)
+        (void)t.read(RemoteAddr(block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
       msg[sizeof msg - 1] = '\0';
       return Error(Errc::kToolFailed, std::string("the target could not load the agent: ") + msg);
     }
@@ -435,7 +444,8 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   if (opts.tools.empty()) return Error(Errc::kInvalidArgument, "no tool library given to attach");
   auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
   std::lock_guard lock(s->mu);
-  if (pidfd >= 0 && !pidfd_alive(pidfd)) return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " exited");
+  if (pidfd >= 0 && !pidfd_alive(pidfd))
+    return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " exited");
   remote::Target& t = *s->target;
   Deadline deadline = Deadline::after(opts.timeout);
   ProcessOutcome out;
@@ -453,7 +463,8 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     known_listener = REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
     REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
     loaded = REMORA_TRY_CTX(resolve_agent(t, &s->agent, /*retire_own=*/true), ctx);
-    if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
+    if (!loaded)
+      return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
     out.agent_loaded_now = true;
   }
   // Our retired scratch (above) normally goes within the attach call; if a
@@ -502,7 +513,8 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   } else {
     for (size_t i = 0; i < opts.tools.size(); ++i) {
       if (!real_tools[i])
-        return Error(Errc::kInvalidArgument, "tool library " + opts.tools[i] + " not found").with_context(ctx);
+        return Error(Errc::kInvalidArgument, "tool library " + opts.tools[i] + " not found")
+            .with_context(ctx);
       const std::string& real = *real_tools[i];
       auto vf = remote::make_visible(t, real);
       if (!vf) {
@@ -559,7 +571,8 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
       (void)t.syscall(x::nr::kClose, close_r, on_listener);
       return Error::from_errno("open " + wpath).with_context("arm the lease");
     }
-    CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])), CallArg::integer(static_cast<uint64_t>(getpid()))};
+    CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])),
+                       CallArg::integer(static_cast<uint64_t>(getpid()))};
     auto l = REMORA_TRY_CTX(t.call(RemoteAddr(s->agent.lease_fn), largs, on_listener), "arm the lease");
     if (l.value != 0) return Error(Errc::kIo, "the agent could not arm the lease").with_context(ctx);
   }
@@ -595,7 +608,8 @@ Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout
   if (!loaded || !*loaded) {
     finish();
     if (!loaded) return std::move(loaded).error().with_context(ctx);
-    return Error(Errc::kNotAttached, "no Remora agent in process " + std::to_string(pid) + ": nothing is attached")
+    return Error(Errc::kNotAttached,
+                 "no Remora agent in process " + std::to_string(pid) + ": nothing is attached")
         .with_context(ctx);
   }
   auto info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
@@ -642,7 +656,8 @@ Result<std::vector<pid_t>> Controller::snapshot_tree(pid_t root) {
   std::vector<pid_t> order;
   std::set<pid_t> seen;
   std::deque<pid_t> queue{root};
-  if (::kill(root, 0) != 0 && errno == ESRCH) return Error(Errc::kNoSuchProcess, "no process " + std::to_string(root));
+  if (::kill(root, 0) != 0 && errno == ESRCH)
+    return Error(Errc::kNoSuchProcess, "no process " + std::to_string(root));
   while (!queue.empty()) {
     pid_t p = queue.front();
     queue.pop_front();

@@ -81,8 +81,8 @@ class Controller {
   // APIs turn the outcomes into "the last error seen".)
   Result<std::vector<ProcessOutcome>> attach_tree(pid_t root, const AttachOptions& opts);
   // Detaches what attach_tree(root) attached.
-  Result<std::vector<ProcessOutcome>> detach_tree(pid_t root,
-                                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  Result<std::vector<ProcessOutcome>> detach_tree(
+      pid_t root, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
   // Reads the agent's state in `pid` (no thread is stopped).
   static Result<AgentState> status(pid_t pid);

@@ -16,7 +16,8 @@ class Deadline {
   Clock::time_point at() const { return at_; }
   std::chrono::nanoseconds remaining() const {
     auto now = Clock::now();
-    return now >= at_ ? std::chrono::nanoseconds(0) : std::chrono::duration_cast<std::chrono::nanoseconds>(at_ - now);
+    return now >= at_ ? std::chrono::nanoseconds(0)
+                      : std::chrono::duration_cast<std::chrono::nanoseconds>(at_ - now);
   }
 
  private:

@@ -58,7 +58,8 @@ void write(Channel c, const char* fmt, ...) {
                         ts.tv_nsec / 1000, name_of(c), static_cast<int>(gettid()));
   va_list ap;
   va_start(ap, fmt);
-  if (n > 0 && static_cast<size_t>(n) < sizeof buf) std::vsnprintf(buf + n, sizeof buf - static_cast<size_t>(n), fmt, ap);
+  if (n > 0 && static_cast<size_t>(n) < sizeof buf)
+    std::vsnprintf(buf + n, sizeof buf - static_cast<size_t>(n), fmt, ap);
   va_end(ap);
   std::fprintf(stderr, "%s\n", buf);
 }

@@ -24,8 +24,8 @@ void write(Channel c, const char* fmt, ...) __attribute__((format(printf, 2, 3))
 
 }  // namespace remora::log
 
-#define REMORA_LOG(chan, ...)                                             \
-  do {                                                                    \
-    if (::remora::log::enabled(::remora::log::Channel::chan))             \
-      ::remora::log::write(::remora::log::Channel::chan, __VA_ARGS__);    \
+#define REMORA_LOG(chan, ...)                                          \
+  do {                                                                 \
+    if (::remora::log::enabled(::remora::log::Channel::chan))          \
+      ::remora::log::write(::remora::log::Channel::chan, __VA_ARGS__); \
   } while (0)

@@ -19,16 +19,24 @@ class RemotePtr {
   constexpr explicit operator bool() const { return addr_ != 0; }
 
   template <typename U>
-  constexpr RemotePtr<U> cast() const { return RemotePtr<U>(addr_); }
+  constexpr RemotePtr<U> cast() const {
+    return RemotePtr<U>(addr_);
+  }
 
-  constexpr RemotePtr operator+(int64_t n) const { return RemotePtr(addr_ + static_cast<uint64_t>(n) * elem()); }
-  constexpr RemotePtr operator-(int64_t n) const { return RemotePtr(addr_ - static_cast<uint64_t>(n) * elem()); }
+  constexpr RemotePtr operator+(int64_t n) const {
+    return RemotePtr(addr_ + static_cast<uint64_t>(n) * elem());
+  }
+  constexpr RemotePtr operator-(int64_t n) const {
+    return RemotePtr(addr_ - static_cast<uint64_t>(n) * elem());
+  }
   constexpr auto operator<=>(const RemotePtr&) const = default;
 
  private:
   static constexpr uint64_t elem() {
-    if constexpr (std::is_void_v<T>) return 1;
-    else return sizeof(T);
+    if constexpr (std::is_void_v<T>)
+      return 1;
+    else
+      return sizeof(T);
   }
   uint64_t addr_ = 0;
 };

@@ -87,13 +87,13 @@ class [[nodiscard]] Error {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT: implicit by design
   Result(Error error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
 
   template <typename U>
-    requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, Error> &&
-             !std::is_same_v<std::decay_t<U>, Result>)
-  Result(U&& value) : v_(std::in_place_index<0>, T(std::forward<U>(value))) {}  // NOLINT
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, Error> &&
+           !std::is_same_v<std::decay_t<U>, Result>) Result(U&& value)
+      : v_(std::in_place_index<0>, T(std::forward<U>(value))) {}  // NOLINT
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
@@ -141,19 +141,17 @@ inline Result<void> ok() { return {}; }
 // REMORA_TRY(expr): evaluates a Result; on error returns the Error from the
 // enclosing function, otherwise yields the value. Uses a GNU statement
 // expression (g++ and clang both support it), as bpftrace and the kernel do.
-#define REMORA_TRY(expr)                                       \
-  __extension__({                                              \
-    auto&& remora_try_result_ = (expr);                        \
-    if (!remora_try_result_.ok())                              \
-      return std::move(remora_try_result_).error();            \
-    std::move(remora_try_result_).value();                     \
+#define REMORA_TRY(expr)                                                        \
+  __extension__({                                                               \
+    auto&& remora_try_result_ = (expr);                                         \
+    if (!remora_try_result_.ok()) return std::move(remora_try_result_).error(); \
+    std::move(remora_try_result_).value();                                      \
   })
 
 // REMORA_TRY_CTX(expr, ctx): as REMORA_TRY, adding a context string.
-#define REMORA_TRY_CTX(expr, ctx)                                      \
-  __extension__({                                                      \
-    auto&& remora_try_result_ = (expr);                                \
-    if (!remora_try_result_.ok())                                      \
-      return std::move(remora_try_result_).error().with_context(ctx);  \
-    std::move(remora_try_result_).value();                             \
+#define REMORA_TRY_CTX(expr, ctx)                                                                 \
+  __extension__({                                                                                 \
+    auto&& remora_try_result_ = (expr);                                                           \
+    if (!remora_try_result_.ok()) return std::move(remora_try_result_).error().with_context(ctx); \
+    std::move(remora_try_result_).value();                                                        \
   })

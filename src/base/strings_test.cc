@@ -10,8 +10,16 @@ TEST(Strings, ParseIntegers) {
     const char* in;
     std::optional<int64_t> want;
   } cases[] = {
-      {"0", 0}, {"42", 42}, {"-7", -7}, {"0x10", 16}, {"0XfF", 255}, {"", std::nullopt},
-      {"12a", std::nullopt}, {"-", std::nullopt}, {"0x", std::nullopt}, {" 1", std::nullopt},
+      {"0", 0},
+      {"42", 42},
+      {"-7", -7},
+      {"0x10", 16},
+      {"0XfF", 255},
+      {"", std::nullopt},
+      {"12a", std::nullopt},
+      {"-", std::nullopt},
+      {"0x", std::nullopt},
+      {" 1", std::nullopt},
   };
   for (const auto& c : cases) EXPECT_EQ(parse_i64(c.in), c.want) << c.in;
   EXPECT_EQ(parse_u64("ff", 16), 255u);

@@ -1,8 +1,6 @@
 // libremora.so: the C API of include/remora/remora.h over one process-wide
 // attach::Controller. This file only translates: C structs to AttachOptions,
 // Result/Error to remora_status_t plus a per-thread message.
-#include "remora/remora.h"
-
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -14,6 +12,7 @@
 
 #include "attach/attach.h"
 #include "base/result.h"
+#include "remora/remora.h"
 
 namespace {
 
@@ -103,10 +102,11 @@ remora_status_t fenced(const char* what, F&& f) noexcept {
 }
 
 Result<attach::AttachOptions> convert(const remora_options_t* o) {
-  if (!o) return Error(Errc::kInvalidArgument, "remora_options_t is NULL; initialise one with remora_options_init");
+  if (!o)
+    return Error(Errc::kInvalidArgument, "remora_options_t is NULL; initialise one with remora_options_init");
   if (o->size < kOptionsV1Size)
-    return Error(Errc::kInvalidArgument, "remora_options_t.size is " + std::to_string(o->size) + ", at least " +
-                                             std::to_string(kOptionsV1Size) +
+    return Error(Errc::kInvalidArgument, "remora_options_t.size is " + std::to_string(o->size) +
+                                             ", at least " + std::to_string(kOptionsV1Size) +
                                              " expected; initialise the options with remora_options_init");
   attach::AttachOptions out;
   std::string_view tools = o->tools ? o->tools : "";
@@ -117,16 +117,18 @@ Result<attach::AttachOptions> convert(const remora_options_t* o) {
     start = colon + 1;
   }
   if (out.tools.empty())
-    return Error(Errc::kInvalidArgument, "no tool library given: set remora_options_t.tools to a colon-separated list");
+    return Error(Errc::kInvalidArgument,
+                 "no tool library given: set remora_options_t.tools to a colon-separated list");
   if (o->env_count > 0 && !o->env)
-    return Error(Errc::kInvalidArgument, "remora_options_t.env is NULL but env_count is " + std::to_string(o->env_count));
+    return Error(Errc::kInvalidArgument,
+                 "remora_options_t.env is NULL but env_count is " + std::to_string(o->env_count));
   for (size_t i = 0; i < o->env_count; ++i) {
     const char* s = o->env[i];
     std::string_view var = s ? s : "";
     size_t eq = var.find('=');
     if (!s || eq == 0 || eq == std::string_view::npos)
-      return Error(Errc::kInvalidArgument, "remora_options_t.env[" + std::to_string(i) + "] is \"" + std::string(var) +
-                                               "\"; expected NAME=VALUE");
+      return Error(Errc::kInvalidArgument, "remora_options_t.env[" + std::to_string(i) + "] is \"" +
+                                               std::string(var) + "\"; expected NAME=VALUE");
     out.env.emplace_back(std::string(var.substr(0, eq)), std::string(var.substr(eq + 1)));
   }
   if (o->timeout_msec != 0) out.timeout = std::chrono::milliseconds(o->timeout_msec);
@@ -191,7 +193,8 @@ constexpr StatusText kStatusText[] = {
     {"REMORA_STATUS_NOT_SUPPORTED", "not supported by this kernel, libc or architecture"},
     {"REMORA_STATUS_IDENTITY_MISMATCH", "a file differs from the one mapped in the target"},
     {"REMORA_STATUS_INTERNAL", "internal error in Remora"},
-    {"REMORA_STATUS_REFUSED", "the target refuses tool attachment (REMORA_TOOL_ATTACH=0 or ROCP_TOOL_ATTACH=0)"},
+    {"REMORA_STATUS_REFUSED",
+     "the target refuses tool attachment (REMORA_TOOL_ATTACH=0 or ROCP_TOOL_ATTACH=0)"},
     {"REMORA_STATUS_NOT_ATTACHABLE", "the library is not an attachable tool (no remora_configure_attach)"},
     {"REMORA_STATUS_TOOL_FAILED", "a tool failed to load or its callback failed"},
     {"REMORA_STATUS_NOT_ATTACHED", "no tools are attached"},
@@ -302,12 +305,9 @@ REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state)
     // end of the last field that fits in the caller's size.
     constexpr size_t kFieldEnds[] = {
         offsetof(remora_agent_state_t, sessions),  // size and the flags
-        offsetof(remora_agent_state_t, detaches),
-        offsetof(remora_agent_state_t, listener_tid),
-        offsetof(remora_agent_state_t, lease_pid),
-        offsetof(remora_agent_state_t, tools),
-        offsetof(remora_agent_state_t, message),
-        sizeof(remora_agent_state_t),
+        offsetof(remora_agent_state_t, detaches),  offsetof(remora_agent_state_t, listener_tid),
+        offsetof(remora_agent_state_t, lease_pid), offsetof(remora_agent_state_t, tools),
+        offsetof(remora_agent_state_t, message),   sizeof(remora_agent_state_t),
     };
     size_t whole = kStateMinSize;
     for (size_t end : kFieldEnds)

@@ -94,7 +94,9 @@ WaitResult wait_any(const std::vector<pid_t>& tids, const Deadline& deadline, in
       if (r < 0 && errno == ECHILD) return {WaitResult::Kind::kVanished, tid, 0};
     }
     if (deadline.expired()) return {WaitResult::Kind::kTimeout};
-    struct pollfd pfd {wake_fd, POLLIN, 0};
+    struct pollfd pfd {
+      wake_fd, POLLIN, 0
+    };
     if (spins < 64) {
       ++spins;
       if (wake_fd >= 0 && ::poll(&pfd, 1, 0) > 0) return {WaitResult::Kind::kWake};
@@ -104,7 +106,9 @@ WaitResult wait_any(const std::vector<pid_t>& tids, const Deadline& deadline, in
     auto rem = std::chrono::duration_cast<std::chrono::microseconds>(deadline.remaining());
     long us = std::min<long>(spins < 200 ? 200 : 1000, static_cast<long>(rem.count()));
     ++spins;
-    struct timespec ts {0, us * 1000};
+    struct timespec ts {
+      0, us * 1000
+    };
     int n = ::ppoll(wake_fd >= 0 ? &pfd : nullptr, wake_fd >= 0 ? 1 : 0, &ts, nullptr);
     if (n > 0) return {WaitResult::Kind::kWake};
     if (n < 0 && errno == EINTR) return {WaitResult::Kind::kSigIntr};
@@ -332,7 +336,8 @@ struct Process::Impl {
       }
       case PTRACE_EVENT_EXIT: {
         int status = static_cast<int>(event_msg(tid));
-        if (tid == pid && WIFEXITED(status) && !another_thread_execs()) return Raw{Raw::Kind::kExit, tid, 0, 0, status};
+        if (tid == pid && WIFEXITED(status) && !another_thread_execs())
+          return Raw{Raw::Kind::kExit, tid, 0, 0, status};
         resume(0);
         return std::nullopt;
       }
@@ -514,16 +519,15 @@ struct Process::Impl {
     auto dds = img.image->find_symbol("_dl_debug_state");
     auto rd = img.image->find_symbol("_r_debug");
     if (!dds || !rd)
-      return Error(Errc::kNotSupported, "the dynamic loader " + lib.path +
-                                            " exports no _dl_debug_state/_r_debug: not a glibc-compatible loader");
+      return Error(Errc::kNotSupported,
+                   "the dynamic loader " + lib.path +
+                       " exports no _dl_debug_state/_r_debug: not a glibc-compatible loader");
     r_brk = img.bias + dds->value;
     r_debug = img.bias + rd->value;
     return ok();
   }
 
-  Result<int> read_r_state() {
-    return REMORA_TRY(mem->read_value<int32_t>(r_debug + 24));
-  }
+  Result<int> read_r_state() { return REMORA_TRY(mem->read_value<int32_t>(r_debug + 24)); }
 
   Result<std::vector<LoadedObject>> read_link_map() {
     std::vector<LoadedObject> out;
@@ -640,7 +644,8 @@ struct Process::Impl {
     for (;;) {
       Raw r = REMORA_TRY(run(deadline, false));
       if (auto ev = terminal_event(r)) return ev;
-      if (r.kind == Raw::Kind::kTrap && r.addr == r_brk && read_r_state().value_or(-1) == kRtConsistent) break;
+      if (r.kind == Raw::Kind::kTrap && r.addr == r_brk && read_r_state().value_or(-1) == kRtConsistent)
+        break;
       if (r.kind == Raw::Kind::kFork || r.kind == Raw::Kind::kVfork) REMORA_TRY(handle_fork(r, false));
     }
     objects = REMORA_TRY(read_link_map());
@@ -691,7 +696,8 @@ struct Process::Impl {
       return e;  // it died already (or never showed up): nothing to hold
     }
     int first_sig = 0;
-    if ((w.status >> 16) != PTRACE_EVENT_STOP && WSTOPSIG(w.status) != SIGTRAP) first_sig = WSTOPSIG(w.status);
+    if ((w.status >> 16) != PTRACE_EVENT_STOP && WSTOPSIG(w.status) != SIGTRAP)
+      first_sig = WSTOPSIG(w.status);
     if (!e.vfork && !last_removed.empty()) {
       if (auto cm = remote::Memory::open(c)) {
         for (auto& [a, orig] : last_removed) (void)cm->write(a, std::span(&orig, 1));
@@ -841,8 +847,10 @@ Result<std::unique_ptr<Process>> Process::open(pid_t pid) {
     return Error(Errc::kKernelThread, pid_str(pid) + " is a kernel thread").with_context(ctx);
   if (st->tracer_pid == ::getpid())
     return Error(Errc::kTracedByOther,
-                 "process " + pid_str(pid) + " is already held by another handle (or tracer) of this process; "
-                 "close that handle first", EBUSY)
+                 "process " + pid_str(pid) +
+                     " is already held by another handle (or tracer) of this process; "
+                     "close that handle first",
+                 EBUSY)
         .with_context(ctx);
   if (auto pre = ptrace::precheck_attach(pid); !pre) return std::move(pre).error().with_context(ctx);
 
@@ -887,8 +895,8 @@ Result<std::unique_ptr<Process>> Process::open(pid_t pid) {
   impl->mem.emplace(std::move(*m));
   if (auto s = impl->read_auxv(); !s) return fail(std::move(s).error());
   if (!impl->dynamic)
-    return fail(Error(Errc::kStaticBinary,
-                      "process " + pid_str(pid) + " is statically linked: it has no dynamic loader to follow"));
+    return fail(Error(Errc::kStaticBinary, "process " + pid_str(pid) +
+                                               " is statically linked: it has no dynamic loader to follow"));
   impl->bp_addrs = {impl->r_brk};
   // Caught in the middle of a dlopen/dlclose: run on to the consistent state.
   for (int i = 0; i < 100 && impl->read_r_state().value_or(kRtConsistent) != kRtConsistent; ++i) {
@@ -914,8 +922,9 @@ Result<std::unique_ptr<Process>> Process::launch(const LaunchOptions& opts) {
   if (((sb.st_mode & S_ISUID) != 0 && sb.st_uid != ::geteuid()) ||
       ((sb.st_mode & S_ISGID) != 0 && (sb.st_mode & S_IXGRP) != 0 && sb.st_gid != ::getegid()))
     return Error(Errc::kPtraceDenied,
-                 path + " is set-uid/set-gid: under ptrace the kernel runs it without its privileges, so it "
-                        "would not behave as it should; run it normally and open it once it is running",
+                 path +
+                     " is set-uid/set-gid: under ptrace the kernel runs it without its privileges, so it "
+                     "would not behave as it should; run it normally and open it once it is running",
                  EACCES)
         .with_context(ctx);
   bool dyn = REMORA_TRY_CTX(file_is_dynamic(path), ctx);
@@ -1004,8 +1013,12 @@ Result<std::unique_ptr<Process>> Process::launch(const LaunchOptions& opts) {
   // EOF on the error pipe: exec succeeded (the pipe is close-on-exec).
   int exec_errno = 0;
   for (;;) {
-    struct pollfd pfd {err_r.get(), POLLIN, 0};
-    int n = ::poll(&pfd, 1, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(dl.remaining()).count()));
+    struct pollfd pfd {
+      err_r.get(), POLLIN, 0
+    };
+    int n = ::poll(
+        &pfd, 1,
+        static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(dl.remaining()).count()));
     if (n == 0) {
       reap();
       return Error(Errc::kTimedOut, "the program did not exec in time").with_context(ctx);
@@ -1017,8 +1030,10 @@ Result<std::unique_ptr<Process>> Process::launch(const LaunchOptions& opts) {
   }
   if (exec_errno != 0) {
     reap();
-    if (exec_errno == ENOENT) return Error(Errc::kIo, "exec " + path + ": " + strerror(exec_errno), ENOENT).with_context(ctx);
-    return Error(Errc::kPtraceDenied, "exec " + path + ": " + strerror(exec_errno), exec_errno).with_context(ctx);
+    if (exec_errno == ENOENT)
+      return Error(Errc::kIo, "exec " + path + ": " + strerror(exec_errno), ENOENT).with_context(ctx);
+    return Error(Errc::kPtraceDenied, "exec " + path + ": " + strerror(exec_errno), exec_errno)
+        .with_context(ctx);
   }
   // The exec stop.
   for (;;) {
@@ -1032,7 +1047,8 @@ Result<std::unique_ptr<Process>> Process::launch(const LaunchOptions& opts) {
       impl->threads.clear();
       return Error(Errc::kTargetExited, "the program died before its exec").with_context(ctx);
     }
-    (void)ptrace::cont(child, (w.status >> 16) == 0 && WSTOPSIG(w.status) != SIGTRAP ? WSTOPSIG(w.status) : 0);
+    (void)ptrace::cont(child,
+                       (w.status >> 16) == 0 && WSTOPSIG(w.status) != SIGTRAP ? WSTOPSIG(w.status) : 0);
   }
   impl->threads[child].stopped = true;
   auto r = impl->sync_new_image(dl);
@@ -1095,9 +1111,7 @@ Result<Event> Process::cont(const ContOptions& opts) {
       }
       case Raw::Kind::kFork:
       case Raw::Kind::kVfork: return REMORA_TRY_CTX(p.handle_fork(r, opts.want_child), ctx);
-      case Raw::Kind::kVforkDone:
-        p.vfork_child_running = false;
-        continue;
+      case Raw::Kind::kVforkDone: p.vfork_child_running = false; continue;
       case Raw::Kind::kExec: {
         // The execing thread now has the process id; the others are gone.
         for (auto& [tid, t] : p.threads) {
@@ -1174,7 +1188,8 @@ Result<uint64_t> Process::call(RemoteAddr fn, std::span<const uint64_t> args, pi
   if (tid == 0 && !p.threads.empty()) tid = p.threads.begin()->first;
   auto it = p.threads.find(tid);
   if (it == p.threads.end() || !it->second.stopped)
-    return Error(Errc::kInvalidArgument, "thread " + pid_str(tid) + " is not a stopped thread of the process");
+    return Error(Errc::kInvalidArgument,
+                 "thread " + pid_str(tid) + " is not a stopped thread of the process");
   if (p.at_entry == 0) return Error(Errc::kNotSupported, "no entry point to return to");
   // Save everything the call changes.
   auto saved = REMORA_TRY(ptrace::get_regs(tid));

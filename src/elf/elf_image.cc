@@ -59,8 +59,8 @@ Result<T> read_pod(const Reader& read, uint64_t addr) {
 }
 
 template <typename T>
-Result<std::vector<T>> read_array(const Reader& read, uint64_t addr, uint64_t count,
-                                  uint64_t max_count, std::string_view what) {
+Result<std::vector<T>> read_array(const Reader& read, uint64_t addr, uint64_t count, uint64_t max_count,
+                                  std::string_view what) {
   if (count > max_count) {
     return parse_error(std::string(what) + ": " + std::to_string(count) + " entries exceeds the limit of " +
                        std::to_string(max_count));
@@ -84,7 +84,8 @@ Reader buffer_reader(std::span<const std::byte> bytes) {
   return [bytes](uint64_t off, std::span<std::byte> out) -> Result<void> {
     if (!fits(off, out.size(), bytes.size())) {
       return parse_error("range at offset " + hex_addr(off) + " (" + std::to_string(out.size()) +
-                         " bytes) lies beyond the end of the file (" + std::to_string(bytes.size()) + " bytes)");
+                         " bytes) lies beyond the end of the file (" + std::to_string(bytes.size()) +
+                         " bytes)");
     }
     if (!out.empty()) std::memcpy(out.data(), bytes.data() + off, out.size());
     return ok();
@@ -98,7 +99,8 @@ Result<std::string_view> string_at(std::span<const std::byte> strtab, uint64_t o
   }
   const char* begin = reinterpret_cast<const char*>(strtab.data()) + off;
   const void* nul = std::memchr(begin, '\0', strtab.size() - off);
-  if (nul == nullptr) return parse_error("string at offset " + std::to_string(off) + " is not NUL-terminated");
+  if (nul == nullptr)
+    return parse_error("string at offset " + std::to_string(off) + " is not NUL-terminated");
   return std::string_view(begin, static_cast<const char*>(nul) - begin);
 }
 
@@ -127,8 +129,7 @@ Result<std::optional<std::vector<std::byte>>> walk_notes(std::span<const std::by
                          ", descsz " + std::to_string(nh.n_descsz) + ", padded to " + std::to_string(align) +
                          ") extends past the end of the note area (" + std::to_string(size) + " bytes)");
     }
-    const bool gnu_name =
-        nh.n_namesz == 4 && std::memcmp(notes.data() + name_off, "GNU\0", 4) == 0;
+    const bool gnu_name = nh.n_namesz == 4 && std::memcmp(notes.data() + name_off, "GNU\0", 4) == 0;
     if (gnu_name && nh.n_type == NT_GNU_BUILD_ID) {
       if (nh.n_descsz == 0 || nh.n_descsz > kMaxBuildIdBytes) {
         return parse_error("GNU build id note has " + std::to_string(nh.n_descsz) + " bytes; expected 1 to " +
@@ -175,7 +176,8 @@ Result<void> check_ehdr(const Elf64_Ehdr& eh) {
     return parse_error("32-bit ELF (ELFCLASS32) is not supported: only ELF64 images (x86_64, aarch64) are");
   }
   if (eh.e_ident[EI_CLASS] != ELFCLASS64) {
-    return parse_error("unknown ELF class " + std::to_string(eh.e_ident[EI_CLASS]) + ": only ELF64 is supported");
+    return parse_error("unknown ELF class " + std::to_string(eh.e_ident[EI_CLASS]) +
+                       ": only ELF64 is supported");
   }
   if (eh.e_ident[EI_DATA] == ELFDATA2MSB) {
     return parse_error("big-endian ELF (ELFDATA2MSB) is not supported: only little-endian images are");
@@ -219,7 +221,8 @@ Result<std::vector<Symbol>> read_symbols(const Reader& read, uint64_t addr, uint
   out.reserve(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) {
     auto name = string_at(strtab, raw[i].st_name);
-    if (!name.ok()) return std::move(name.error()).with_context(std::string(what) + " entry " + std::to_string(i));
+    if (!name.ok())
+      return std::move(name.error()).with_context(std::string(what) + " entry " + std::to_string(i));
     out.push_back(make_symbol(raw[i], *name));
   }
   return out;
@@ -242,7 +245,8 @@ long host_page_size() {
 class ElfParser {
  public:
   static Result<std::shared_ptr<const ElfImage>> parse_file(std::span<const std::byte> bytes);
-  static Result<std::shared_ptr<const ElfImage>> parse_memory(uint64_t base, const ReadFn& read, bool with_symbols);
+  static Result<std::shared_ptr<const ElfImage>> parse_memory(uint64_t base, const ReadFn& read,
+                                                              bool with_symbols);
 
  private:
   struct Phdrs {
@@ -256,8 +260,8 @@ class ElfParser {
                                         ElfImage& img);
   static Result<uint64_t> load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img);
   static Result<void> load_versym(const Reader& read, uint64_t addr, ElfImage& img);
-  static Result<void> load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh, bool need_build_id,
-                                    ElfImage& img, bool& have_dynsym);
+  static Result<void> load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh,
+                                    bool need_build_id, ElfImage& img, bool& have_dynsym);
   static void build_symtab_index(ElfImage& img);
 };
 
@@ -310,11 +314,14 @@ Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std
     return parse_error("GNU hash bloom filter size " + std::to_string(bloom_size) + " is not a power of two");
   }
   if (shift >= 32) return parse_error("GNU hash bloom shift " + std::to_string(shift) + " is not below 32");
-  if (symoffset > kMaxSymbols) return parse_error("GNU hash symoffset " + std::to_string(symoffset) + " too large");
+  if (symoffset > kMaxSymbols)
+    return parse_error("GNU hash symoffset " + std::to_string(symoffset) + " too large");
   const uint64_t bloom_addr = addr + 16;  // read_array checked addr+16 does not wrap
-  auto bloom = REMORA_TRY(read_array<uint64_t>(read, bloom_addr, bloom_size, kMaxHashWords, "GNU hash bloom"));
+  auto bloom =
+      REMORA_TRY(read_array<uint64_t>(read, bloom_addr, bloom_size, kMaxHashWords, "GNU hash bloom"));
   const uint64_t buckets_addr = bloom_addr + uint64_t{bloom_size} * 8;  // checked by read_array
-  auto buckets = REMORA_TRY(read_array<uint32_t>(read, buckets_addr, nbuckets, kMaxHashWords, "GNU hash buckets"));
+  auto buckets =
+      REMORA_TRY(read_array<uint32_t>(read, buckets_addr, nbuckets, kMaxHashWords, "GNU hash buckets"));
   const uint64_t chain_addr = buckets_addr + uint64_t{nbuckets} * 4;
 
   if (!nsyms) {
@@ -331,7 +338,8 @@ Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std
       uint64_t idx = max_bucket;
       while (true) {
         if (idx >= kMaxSymbols) return parse_error("GNU hash chain runs past " + std::to_string(kMaxSymbols));
-        auto word = REMORA_TRY_CTX(read_pod<uint32_t>(read, chain_addr + (idx - symoffset) * 4), "GNU hash chain");
+        auto word =
+            REMORA_TRY_CTX(read_pod<uint32_t>(read, chain_addr + (idx - symoffset) * 4), "GNU hash chain");
         if (word & 1) break;
         ++idx;
       }
@@ -356,7 +364,8 @@ Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, El
   if (nbucket == 0 || nbucket > kMaxHashWords) {
     return parse_error("SysV hash table has " + std::to_string(nbucket) + " buckets");
   }
-  auto buckets = REMORA_TRY(read_array<uint32_t>(read, addr + 8, nbucket, kMaxHashWords, "SysV hash buckets"));
+  auto buckets =
+      REMORA_TRY(read_array<uint32_t>(read, addr + 8, nbucket, kMaxHashWords, "SysV hash buckets"));
   auto chain = REMORA_TRY(
       read_array<uint32_t>(read, addr + 8 + uint64_t{nbucket} * 4, nchain, kMaxSymbols, "SysV hash chain"));
   img.sysv_.buckets = std::move(buckets);
@@ -365,7 +374,8 @@ Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, El
 }
 
 Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage& img) {
-  auto versym = REMORA_TRY(read_array<uint16_t>(read, addr, img.dynsyms_.size(), kMaxSymbols, "version table"));
+  auto versym =
+      REMORA_TRY(read_array<uint16_t>(read, addr, img.dynsyms_.size(), kMaxSymbols, "version table"));
   img.dynsym_hidden_.assign(versym.size(), false);
   for (size_t i = 0; i < versym.size(); ++i) img.dynsym_hidden_[i] = (versym[i] & 0x8000) != 0;
   return ok();
@@ -376,7 +386,8 @@ Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage&
 Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo& info, ElfImage& img) {
   if (!info.strtab) return ok();  // nothing to name symbols with
   if (!info.strsz) return parse_error("dynamic section has DT_STRTAB but no DT_STRSZ");
-  auto strtab = REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table"));
+  auto strtab =
+      REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table"));
   if (info.soname) img.soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
   if (!info.symtab) return ok();
   if (info.syment && *info.syment != sizeof(Elf64_Sym)) {
@@ -384,7 +395,8 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
                        std::to_string(sizeof(Elf64_Sym)));
   }
   std::optional<uint64_t> nsyms;
-  if (info.gnu_hash) nsyms = REMORA_TRY_CTX(load_gnu_hash(vread, *info.gnu_hash, std::nullopt, img), "DT_GNU_HASH");
+  if (info.gnu_hash)
+    nsyms = REMORA_TRY_CTX(load_gnu_hash(vread, *info.gnu_hash, std::nullopt, img), "DT_GNU_HASH");
   if (info.hash) {
     // nchain is exact; prefer it over the count walked out of the GNU table.
     nsyms = REMORA_TRY_CTX(load_sysv_hash(vread, *info.hash, img), "DT_HASH");
@@ -392,9 +404,9 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
   if (!nsyms) {
     // No hash table at all (rare; lld/ld always emit one): .dynstr follows
     // .dynsym in every linker's default layout, so the gap bounds the count.
-    nsyms = *info.strtab > *info.symtab ? std::min<uint64_t>((*info.strtab - *info.symtab) / sizeof(Elf64_Sym),
-                                                             kMaxSymbols)
-                                        : 0;
+    nsyms = *info.strtab > *info.symtab
+                ? std::min<uint64_t>((*info.strtab - *info.symtab) / sizeof(Elf64_Sym), kMaxSymbols)
+                : 0;
   }
   img.dynsyms_ = REMORA_TRY(read_symbols(vread, *info.symtab, *nsyms, strtab, "dynamic symbol table"));
   if (img.dynsyms_.size() < img.gnu_.symoffset) {
@@ -405,8 +417,8 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
   return ok();
 }
 
-Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh, bool need_build_id,
-                                      ElfImage& img, bool& have_dynsym) {
+Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh,
+                                      bool need_build_id, ElfImage& img, bool& have_dynsym) {
   const Reader fread = buffer_reader(bytes);
   if (eh.e_shentsize != sizeof(Elf64_Shdr)) {
     return parse_error("section header entry size " + std::to_string(eh.e_shentsize) + ", expected " +
@@ -421,9 +433,11 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
   }
   auto shdrs = REMORA_TRY(read_array<Elf64_Shdr>(fread, eh.e_shoff, shnum, kMaxSections, "section headers"));
 
-  auto section_bytes = [&](size_t idx, uint64_t max, std::string_view what) -> Result<std::vector<std::byte>> {
+  auto section_bytes = [&](size_t idx, uint64_t max,
+                           std::string_view what) -> Result<std::vector<std::byte>> {
     const Elf64_Shdr& sh = shdrs[idx];
-    if (sh.sh_type == SHT_NOBITS) return parse_error(std::string(what) + " has no file contents (SHT_NOBITS)");
+    if (sh.sh_type == SHT_NOBITS)
+      return parse_error(std::string(what) + " has no file contents (SHT_NOBITS)");
     return read_bytes(fread, sh.sh_offset, sh.sh_size, max, what);
   };
   auto load_table = [&](size_t idx, std::string_view what) -> Result<std::vector<Symbol>> {
@@ -446,11 +460,21 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
     const Elf64_Shdr& sh = shdrs[i];
     if (sh.sh_type == SHT_NOBITS) continue;  // separate debug files keep headers without contents
     switch (sh.sh_type) {
-      case SHT_DYNSYM: if (!dynsym) dynsym = i; break;
-      case SHT_SYMTAB: if (!symtab) symtab = i; break;
-      case SHT_GNU_HASH: if (!gnu_hash) gnu_hash = i; break;
-      case SHT_HASH: if (!sysv_hash) sysv_hash = i; break;
-      case SHT_GNU_versym: if (!versym) versym = i; break;
+      case SHT_DYNSYM:
+        if (!dynsym) dynsym = i;
+        break;
+      case SHT_SYMTAB:
+        if (!symtab) symtab = i;
+        break;
+      case SHT_GNU_HASH:
+        if (!gnu_hash) gnu_hash = i;
+        break;
+      case SHT_HASH:
+        if (!sysv_hash) sysv_hash = i;
+        break;
+      case SHT_GNU_versym:
+        if (!versym) versym = i;
+        break;
       case SHT_NOTE: notes.push_back(i); break;
       default: break;
     }
@@ -482,7 +506,8 @@ void ElfParser::build_symtab_index(ElfImage& img) {
   auto add = [&](std::string_view key, size_t i) {
     auto [it, inserted] = img.symtab_index_.emplace(key, i);
     // A global definition beats a file-local one of the same name.
-    if (!inserted && img.symtab_[it->second].bind == STB_LOCAL && img.symtab_[i].bind != STB_LOCAL) it->second = i;
+    if (!inserted && img.symtab_[it->second].bind == STB_LOCAL && img.symtab_[i].bind != STB_LOCAL)
+      it->second = i;
   };
   for (size_t i = 0; i < img.symtab_.size(); ++i) {
     const Symbol& s = img.symtab_[i];
@@ -505,7 +530,8 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
   const uint64_t ph_size = uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);  // e_phnum < 2^16: no overflow
   if (!fits(eh.e_phoff, ph_size, bytes.size())) {
     return parse_error("program headers (offset " + hex_addr(eh.e_phoff) + ", " + std::to_string(eh.e_phnum) +
-                       " entries) lie beyond the end of the file (" + std::to_string(bytes.size()) + " bytes)");
+                       " entries) lie beyond the end of the file (" + std::to_string(bytes.size()) +
+                       " bytes)");
   }
   std::vector<Elf64_Phdr> phdrs(eh.e_phnum);
   std::memcpy(phdrs.data(), bytes.data() + eh.e_phoff, ph_size);
@@ -529,7 +555,8 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
   };
 
   for (const Elf64_Phdr& p : ph.notes) {
-    auto data = REMORA_TRY_CTX(read_bytes(fread, p.p_offset, p.p_filesz, kMaxNoteBytes, "PT_NOTE"), "PT_NOTE");
+    auto data =
+        REMORA_TRY_CTX(read_bytes(fread, p.p_offset, p.p_filesz, kMaxNoteBytes, "PT_NOTE"), "PT_NOTE");
     auto id = REMORA_TRY_CTX(walk_notes(data, p.p_align == 8 ? 8 : 4), "PT_NOTE");
     if (id) {
       img->build_id_ = std::move(*id);
@@ -539,10 +566,10 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
 
   DynInfo info;
   if (ph.dynamic) {
-    auto entries = REMORA_TRY_CTX(read_array<Elf64_Dyn>(fread, ph.dynamic->p_offset,
-                                                        ph.dynamic->p_filesz / sizeof(Elf64_Dyn),
-                                                        kMaxDynamicEntries, "PT_DYNAMIC"),
-                                  "PT_DYNAMIC");
+    auto entries = REMORA_TRY_CTX(
+        read_array<Elf64_Dyn>(fread, ph.dynamic->p_offset, ph.dynamic->p_filesz / sizeof(Elf64_Dyn),
+                              kMaxDynamicEntries, "PT_DYNAMIC"),
+        "PT_DYNAMIC");
     info = parse_dynamic(entries);
   }
 
@@ -563,14 +590,17 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
   return std::shared_ptr<const ElfImage>(std::move(img));
 }
 
-Result<std::shared_ptr<const ElfImage>> ElfParser::parse_memory(uint64_t base, const ReadFn& read, bool with_symbols) {
+Result<std::shared_ptr<const ElfImage>> ElfParser::parse_memory(uint64_t base, const ReadFn& read,
+                                                                bool with_symbols) {
   Elf64_Ehdr eh{};
-  REMORA_TRY_CTX(read(base, std::as_writable_bytes(std::span<Elf64_Ehdr>(&eh, 1))), "ELF header at " + hex_addr(base));
+  REMORA_TRY_CTX(read(base, std::as_writable_bytes(std::span<Elf64_Ehdr>(&eh, 1))),
+                 "ELF header at " + hex_addr(base));
   REMORA_TRY(check_ehdr(eh));
   const uint64_t ph_size = uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
   auto ph_addr = checked_add(base, eh.e_phoff);
   if (!ph_addr || !checked_add(*ph_addr, ph_size)) {
-    return parse_error("program headers at offset " + hex_addr(eh.e_phoff) + " wrap around the address space");
+    return parse_error("program headers at offset " + hex_addr(eh.e_phoff) +
+                       " wrap around the address space");
   }
   std::vector<Elf64_Phdr> phdrs(eh.e_phnum);
   REMORA_TRY_CTX(read(*ph_addr, std::as_writable_bytes(std::span<Elf64_Phdr>(phdrs))), "program headers");
@@ -594,7 +624,8 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_memory(uint64_t base, c
   // Reads only what some PT_LOAD mapped (memsz: .bss reads as zeros).
   const Reader vread = [&img, &read, bias](uint64_t vaddr, std::span<std::byte> out) -> Result<void> {
     for (const LoadSegment& seg : img->loads_) {
-      if (vaddr >= seg.vaddr && fits(vaddr - seg.vaddr, out.size(), seg.memsz)) return read(vaddr + bias, out);
+      if (vaddr >= seg.vaddr && fits(vaddr - seg.vaddr, out.size(), seg.memsz))
+        return read(vaddr + bias, out);
     }
     return parse_error("virtual address " + hex_addr(vaddr) + " (" + std::to_string(out.size()) +
                        " bytes) is not inside any PT_LOAD segment");
@@ -616,10 +647,10 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_memory(uint64_t base, c
   }
 
   if (ph.dynamic && with_symbols) {
-    auto entries = REMORA_TRY_CTX(read_array<Elf64_Dyn>(vread, ph.dynamic->p_vaddr,
-                                                        ph.dynamic->p_filesz / sizeof(Elf64_Dyn),
-                                                        kMaxDynamicEntries, "PT_DYNAMIC"),
-                                  "PT_DYNAMIC");
+    auto entries = REMORA_TRY_CTX(
+        read_array<Elf64_Dyn>(vread, ph.dynamic->p_vaddr, ph.dynamic->p_filesz / sizeof(Elf64_Dyn),
+                              kMaxDynamicEntries, "PT_DYNAMIC"),
+        "PT_DYNAMIC");
     DynInfo info = parse_dynamic(entries);
     // glibc's ld.so relocates the d_ptr entries in place (elf_get_dynamic_info,
     // unless the dynamic section is read-only as in the vDSO); musl's does
@@ -644,7 +675,8 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::from_file_bytes(std::vector<st
 Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Error::from_errno("fstat ELF file");
-  if (!S_ISREG(st.st_mode)) return Error(Errc::kInvalidArgument, "not a regular file; cannot read it as an ELF image");
+  if (!S_ISREG(st.st_mode))
+    return Error(Errc::kInvalidArgument, "not a regular file; cannot read it as an ELF image");
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
     return parse_error("ELF file of " + std::to_string(st.st_size) + " bytes exceeds the limit of " +
                        std::to_string(kMaxFileBytes));
@@ -711,7 +743,8 @@ std::optional<Symbol> ElfImage::find_symbol(std::string_view name) const {
     const uint32_t h = sysv_hash(name);
     uint64_t idx = sysv_.buckets[h % sysv_.buckets.size()];
     // Bounded by the chain length so that a cyclic chain cannot loop forever.
-    for (size_t steps = 0; idx != STN_UNDEF && idx < sysv_.chain.size() && steps <= sysv_.chain.size(); ++steps) {
+    for (size_t steps = 0; idx != STN_UNDEF && idx < sysv_.chain.size() && steps <= sysv_.chain.size();
+         ++steps) {
       if (matches(idx)) {
         hit = idx;
         break;
@@ -749,7 +782,8 @@ std::vector<Symbol> ElfImage::function_symbols() const {
   return out;
 }
 
-Result<uint64_t> ElfImage::bias_for_mapping(uint64_t map_start, uint64_t map_offset, uint64_t page_size) const {
+Result<uint64_t> ElfImage::bias_for_mapping(uint64_t map_start, uint64_t map_offset,
+                                            uint64_t page_size) const {
   if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
     return Error(Errc::kInvalidArgument, "page size " + std::to_string(page_size) + " is not a power of two");
   }
@@ -764,9 +798,10 @@ Result<uint64_t> ElfImage::bias_for_mapping(uint64_t map_start, uint64_t map_off
     // r--p after RELRO's mprotect, so the mapping alone cannot tell which
     // segment it is; a guessed bias would make us call a wrong address.
     if (bias && *bias != b) {
-      return parse_error("file offset " + hex_addr(map_offset) +
-                         " begins two PT_LOAD segments, so this mapping is ambiguous; use the mapping at file "
-                         "offset 0 (or another offset owned by one segment)");
+      return parse_error(
+          "file offset " + hex_addr(map_offset) +
+          " begins two PT_LOAD segments, so this mapping is ambiguous; use the mapping at file "
+          "offset 0 (or another offset owned by one segment)");
     }
     bias = b;
   }

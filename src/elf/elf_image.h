@@ -93,8 +93,7 @@ class ElfImage {
   // when that file page starts two PT_LOADs with different biases (the page
   // shared by the end of one segment and the RELRO start of the next), since
   // the mapping alone cannot say which one it is: pass the offset-0 mapping.
-  Result<uint64_t> bias_for_mapping(uint64_t map_start, uint64_t map_offset,
-                                    uint64_t page_size = 4096) const;
+  Result<uint64_t> bias_for_mapping(uint64_t map_start, uint64_t map_offset, uint64_t page_size = 4096) const;
 
   // The PT_LOAD segment containing unbiased virtual address `vaddr`, if any.
   const LoadSegment* segment_for(uint64_t vaddr) const;
@@ -110,11 +109,11 @@ class ElfImage {
   std::vector<std::byte> build_id_;
   std::string soname_;
   // Symbol tables, copied out of the image so the bytes need not be kept.
-  std::vector<Symbol> dynsyms_;   // index order of .dynsym (hash buckets refer to indices)
+  std::vector<Symbol> dynsyms_;  // index order of .dynsym (hash buckets refer to indices)
   // Per dynsym index: the version is hidden (VERSYM_HIDDEN, a non-default
   // "name@VER"); dlsym() prefers the default version, and so do we.
   std::vector<bool> dynsym_hidden_;
-  std::vector<Symbol> symtab_;    // .symtab, when present
+  std::vector<Symbol> symtab_;  // .symtab, when present
   // Hash tables over dynsyms_ (either may be empty).
   struct GnuHash {
     uint32_t symoffset = 0, bloom_shift = 0;

@@ -46,7 +46,9 @@ Elf64_Ehdr get_ehdr(const std::vector<std::byte>& bytes) {
   return eh;
 }
 
-void put_ehdr(std::vector<std::byte>& bytes, const Elf64_Ehdr& eh) { std::memcpy(bytes.data(), &eh, sizeof eh); }
+void put_ehdr(std::vector<std::byte>& bytes, const Elf64_Ehdr& eh) {
+  std::memcpy(bytes.data(), &eh, sizeof eh);
+}
 
 // Forces the PT_DYNAMIC route: the file without its section header table.
 std::vector<std::byte> without_section_headers(std::vector<std::byte> bytes) {
@@ -143,7 +145,8 @@ TEST(ElfNotes, Table) {
       {"after another note", concat(abi_tag, valid), NoteOutcome::kFound},
       {"empty area", {}, NoteOutcome::kNone},
       {"only an ABI tag", abi_tag, NoteOutcome::kNone},
-      {"wrong name GNV", note(4, std::string_view("GNV\0", 4), NT_GNU_BUILD_ID, 20, kId20), NoteOutcome::kNone},
+      {"wrong name GNV", note(4, std::string_view("GNV\0", 4), NT_GNU_BUILD_ID, 20, kId20),
+       NoteOutcome::kNone},
       {"namesz 3 (no NUL)", note(3, "GNU", NT_GNU_BUILD_ID, 20, kId20), NoteOutcome::kNone},
       {"wrong type", note(4, kGnu, 99, 20, kId20), NoteOutcome::kNone},
       {"truncated header", truncated, NoteOutcome::kError},
@@ -356,11 +359,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Variant{"gnu", REMORA_ELF_FIXTURE_GNU, false, true, true, "libremora_elf_fixture_gnu.so"},
         Variant{"sysv", REMORA_ELF_FIXTURE_SYSV, false, true, true, "libremora_elf_fixture_sysv.so"},
-        Variant{"both_no_build_id", REMORA_ELF_FIXTURE_BOTH, false, true, false, "libremora_elf_fixture_both.so"},
+        Variant{"both_no_build_id", REMORA_ELF_FIXTURE_BOTH, false, true, false,
+                "libremora_elf_fixture_both.so"},
         Variant{"stripped", REMORA_ELF_FIXTURE_STRIPPED, false, false, true, "libremora_elf_fixture_gnu.so"},
         Variant{"gnu_no_sections", REMORA_ELF_FIXTURE_GNU, true, false, true, "libremora_elf_fixture_gnu.so"},
-        Variant{"sysv_no_sections", REMORA_ELF_FIXTURE_SYSV, true, false, true, "libremora_elf_fixture_sysv.so"},
-        Variant{"both_no_sections", REMORA_ELF_FIXTURE_BOTH, true, false, false, "libremora_elf_fixture_both.so"},
+        Variant{"sysv_no_sections", REMORA_ELF_FIXTURE_SYSV, true, false, true,
+                "libremora_elf_fixture_sysv.so"},
+        Variant{"both_no_sections", REMORA_ELF_FIXTURE_BOTH, true, false, false,
+                "libremora_elf_fixture_both.so"},
         Variant{"stripped_no_sections", REMORA_ELF_FIXTURE_STRIPPED, true, false, true,
                 "libremora_elf_fixture_gnu.so"}),
     [](const ::testing::TestParamInfo<Variant>& param_info) { return std::string(param_info.param.name); });
@@ -387,7 +393,8 @@ TEST(ElfRoutes, SectionAndDynamicRoutesAgree) {
   auto stripped = load_path(REMORA_ELF_FIXTURE_STRIPPED);
   ASSERT_TRUE(gnu && stripped);
   EXPECT_EQ(gnu->build_id_hex(), stripped->build_id_hex());
-  EXPECT_EQ(gnu->find_symbol("remora_fixture_add")->value, stripped->find_symbol("remora_fixture_add")->value);
+  EXPECT_EQ(gnu->find_symbol("remora_fixture_add")->value,
+            stripped->find_symbol("remora_fixture_add")->value);
 }
 
 TEST(ElfVersions, DefaultVersionPreferred) {
@@ -767,7 +774,7 @@ TEST(ImageCacheTest, SameKeyLoadsOnce) {
 TEST(ImageCacheTest, ErrorsAreNotCached) {
   ImageCache cache;
   ImageCache::Key key{7, 8, ""};
-  auto failing = [] () -> Result<std::shared_ptr<const ElfImage>> { return Error(Errc::kIo, "disk on fire"); };
+  auto failing = []() -> Result<std::shared_ptr<const ElfImage>> { return Error(Errc::kIo, "disk on fire"); };
   auto r = cache.get_or_load(key, failing);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), Errc::kIo);

@@ -181,8 +181,7 @@ Error file_error(std::string_view op, const std::string& path, int err) {
                        "dumpable process, or CAP_SYS_PTRACE; see also "
                        "/proc/sys/kernel/yama/ptrace_scope)",
                    err);
-    default:
-      return Error::from_errno(what, err);
+    default: return Error::from_errno(what, err);
   }
 }
 
@@ -240,7 +239,8 @@ namespace {
 
 // One "Key:\tvalue" line of /proc/PID/status into `st`; unknown keys are
 // skipped (the kernel adds lines over time).
-Result<void> parse_status_line(Status& st, std::string_view line, size_t line_no, bool& have_pid, bool& have_state) {
+Result<void> parse_status_line(Status& st, std::string_view line, size_t line_no, bool& have_pid,
+                               bool& have_state) {
   auto bad = [&](std::string_view why) { return parse_error("status: " + std::string(why), line_no, line); };
   // Every line is "Key:\tvalue" (fs/proc/array.c).
   size_t colon = line.find(':');
@@ -373,7 +373,8 @@ Result<Stat> parse_stat(std::string_view text) {
   if (text.ends_with('\n')) text.remove_suffix(1);
   size_t open = text.find(" (");
   size_t close = text.rfind(')');
-  if (open == std::string_view::npos || close == std::string_view::npos || close < open + 2) return bad("no (comm)");
+  if (open == std::string_view::npos || close == std::string_view::npos || close < open + 2)
+    return bad("no (comm)");
   Stat st;
   auto pid = parse_pid(text.substr(0, open));
   if (!pid) return bad("bad pid");
@@ -448,7 +449,8 @@ Result<SyscallState> parse_syscall(std::string_view text) {
   bool neg = nr_text.starts_with('-');
   if (neg) nr_text.remove_prefix(1);
   auto nr = parse_u64(nr_text, 10);
-  if (!nr || *nr > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) return bad("bad syscall number");
+  if (!nr || *nr > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
+    return bad("bad syscall number");
   s.nr = neg ? -static_cast<int64_t>(*nr) : static_cast<int64_t>(*nr);
   size_t want = s.nr < 0 ? 3 : 9;
   if (f.size() != want) return bad("expected " + std::to_string(want) + " fields");
@@ -529,7 +531,8 @@ Result<std::vector<pid_t>> list_tasks(pid_t pid) {
     if (auto tid = parse_pid(ent->d_name)) tids.push_back(*tid);
   }
   // A process always has at least one task; none means it died while we read.
-  if (tids.empty()) return Error(Errc::kNoSuchProcess, "read " + path + ": no tasks (the process exited)", ESRCH);
+  if (tids.empty())
+    return Error(Errc::kNoSuchProcess, "read " + path + ": no tasks (the process exited)", ESRCH);
   std::sort(tids.begin(), tids.end());
   return tids;
 }
@@ -552,7 +555,8 @@ Result<std::vector<pid_t>> list_children(pid_t pid) {
       struct stat sb;
       std::string task_dir = proc_path(pid, tid, "");
       if (::stat(task_dir.c_str(), &sb) == 0)
-        return Error(Errc::kNotSupported, path + ": missing (kernel built without CONFIG_PROC_CHILDREN?)", ENOENT);
+        return Error(Errc::kNotSupported, path + ": missing (kernel built without CONFIG_PROC_CHILDREN?)",
+                     ENOENT);
       continue;
     }
     auto kids = REMORA_TRY_CTX(parse_pid_list(*text), path);

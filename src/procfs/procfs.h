@@ -47,13 +47,13 @@ Result<std::vector<MapEntry>> parse_maps(std::string_view text);
 // /proc/PID/status (or /proc/PID/task/TID/status).
 struct Status {
   std::string name;
-  char state = '?';            // first letter of State: R S D T t X Z I
+  char state = '?';  // first letter of State: R S D T t X Z I
   pid_t tgid = 0, pid = 0, ppid = 0, tracer_pid = 0;
   std::array<uid_t, 4> uid{};  // real, effective, saved, filesystem
   std::array<gid_t, 4> gid{};
   std::vector<pid_t> nstgid, nspid;  // outermost namespace first
   uint64_t sig_pnd = 0, shd_pnd = 0, sig_blk = 0, sig_ign = 0, sig_cgt = 0;
-  int seccomp = 0;             // 0 none, 1 strict, 2 filter
+  int seccomp = 0;  // 0 none, 1 strict, 2 filter
   int threads = 0;
   std::optional<bool> kthread;  // "Kthread:" line, when the kernel has it
   bool has_vm = false;          // a VmSize line exists (kernel threads have none)
@@ -68,8 +68,8 @@ struct Stat {
   std::string comm;
   char state = '?';
   pid_t ppid = 0;
-  unsigned flags = 0;         // PF_* (PF_KTHREAD = 0x00200000)
-  uint64_t start_time = 0;    // clock ticks since boot
+  unsigned flags = 0;       // PF_* (PF_KTHREAD = 0x00200000)
+  uint64_t start_time = 0;  // clock ticks since boot
 };
 
 Result<Stat> parse_stat(std::string_view text);

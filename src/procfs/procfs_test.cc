@@ -46,51 +46,57 @@ std::string perms_of(const MapEntry& e) {
 }
 
 const MapsCase kMapsCases[] = {
-    {"file", "56188e6ec000-56188e6ee000 r--p 00000000 fe:00 247134                     /usr/bin/cat", 0x56188e6ec000,
-     0x56188e6ee000, "r--p", 0, 0xfe, 0, 247134, "/usr/bin/cat", false},
+    {"file", "56188e6ec000-56188e6ee000 r--p 00000000 fe:00 247134                     /usr/bin/cat",
+     0x56188e6ec000, 0x56188e6ee000, "r--p", 0, 0xfe, 0, 247134, "/usr/bin/cat", false},
     {"text",
-     "7f7938bd7000-7f7938d2d000 r-xp 00026000 fe:00 332835                     /usr/lib/x86_64-linux-gnu/libc.so.6",
-     0x7f7938bd7000, 0x7f7938d2d000, "r-xp", 0x26000, 0xfe, 0, 332835, "/usr/lib/x86_64-linux-gnu/libc.so.6", false},
-    {"anon_trailing_space", "7f7938a8c000-7f7938b50000 rw-p 00000000 00:00 0 ", 0x7f7938a8c000, 0x7f7938b50000, "rw-p",
-     0, 0, 0, 0, "", false},
-    {"anon_no_trailing_space", "7f7938a8c000-7f7938b50000 rw-p 00000000 00:00 0", 0x7f7938a8c000, 0x7f7938b50000,
-     "rw-p", 0, 0, 0, 0, "", false},
-    {"heap", "5618c3826000-5618c3847000 rw-p 00000000 00:00 0                          [heap]", 0x5618c3826000,
-     0x5618c3847000, "rw-p", 0, 0, 0, 0, "[heap]", false},
-    {"stack", "7ffc77279000-7ffc7729a000 rw-p 00000000 00:00 0                          [stack]", 0x7ffc77279000,
-     0x7ffc7729a000, "rw-p", 0, 0, 0, 0, "[stack]", false},
-    {"vdso", "7f7938da6000-7f7938da8000 r-xp 00000000 00:00 0                          [vdso]", 0x7f7938da6000,
-     0x7f7938da8000, "r-xp", 0, 0, 0, 0, "[vdso]", false},
+     "7f7938bd7000-7f7938d2d000 r-xp 00026000 fe:00 332835                     "
+     "/usr/lib/x86_64-linux-gnu/libc.so.6",
+     0x7f7938bd7000, 0x7f7938d2d000, "r-xp", 0x26000, 0xfe, 0, 332835, "/usr/lib/x86_64-linux-gnu/libc.so.6",
+     false},
+    {"anon_trailing_space", "7f7938a8c000-7f7938b50000 rw-p 00000000 00:00 0 ", 0x7f7938a8c000,
+     0x7f7938b50000, "rw-p", 0, 0, 0, 0, "", false},
+    {"anon_no_trailing_space", "7f7938a8c000-7f7938b50000 rw-p 00000000 00:00 0", 0x7f7938a8c000,
+     0x7f7938b50000, "rw-p", 0, 0, 0, 0, "", false},
+    {"heap", "5618c3826000-5618c3847000 rw-p 00000000 00:00 0                          [heap]",
+     0x5618c3826000, 0x5618c3847000, "rw-p", 0, 0, 0, 0, "[heap]", false},
+    {"stack", "7ffc77279000-7ffc7729a000 rw-p 00000000 00:00 0                          [stack]",
+     0x7ffc77279000, 0x7ffc7729a000, "rw-p", 0, 0, 0, 0, "[stack]", false},
+    {"vdso", "7f7938da6000-7f7938da8000 r-xp 00000000 00:00 0                          [vdso]",
+     0x7f7938da6000, 0x7f7938da8000, "r-xp", 0, 0, 0, 0, "[vdso]", false},
     {"vsyscall", "ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]",
      0xffffffffff600000, 0xffffffffff601000, "--xp", 0, 0, 0, 0, "[vsyscall]", false},
     {"anon_named_with_spaces",
      "7f0000000000-7f0000021000 rw-p 00000000 00:00 0                          [anon:glibc malloc arena]",
      0x7f0000000000, 0x7f0000021000, "rw-p", 0, 0, 0, 0, "[anon:glibc malloc arena]", false},
     {"path_with_spaces",
-     "7f0000000000-7f0000001000 r--p 00001000 08:11 42                         /tmp/my dir/lib foo.so", 0x7f0000000000,
-     0x7f0000001000, "r--p", 0x1000, 8, 0x11, 42, "/tmp/my dir/lib foo.so", false},
-    {"path_trailing_spaces_kept", "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/x  ",
-     0x7f0000000000, 0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/x  ", false},
+     "7f0000000000-7f0000001000 r--p 00001000 08:11 42                         /tmp/my dir/lib foo.so",
+     0x7f0000000000, 0x7f0000001000, "r--p", 0x1000, 8, 0x11, 42, "/tmp/my dir/lib foo.so", false},
+    {"path_trailing_spaces_kept",
+     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/x  ", 0x7f0000000000,
+     0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/x  ", false},
     {"deleted_memfd",
      "7f0000000000-7f0000001000 r-xp 00000000 00:01 1337                       /memfd:remora-agent (deleted)",
      0x7f0000000000, 0x7f0000001000, "r-xp", 0, 0, 1, 1337, "/memfd:remora-agent", true},
     {"deleted_inside_name_kept",
-     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/a (deleted) b.so", 0x7f0000000000,
-     0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/a (deleted) b.so", false},
+     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/a (deleted) b.so",
+     0x7f0000000000, 0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/a (deleted) b.so", false},
     {"deleted_inside_and_at_end",
-     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/a (deleted) b.so (deleted)",
+     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/a (deleted) b.so "
+     "(deleted)",
      0x7f0000000000, 0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/a (deleted) b.so", true},
     {"deleted_without_space_kept",
-     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/x(deleted)", 0x7f0000000000,
-     0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/x(deleted)", false},
-    {"shared_sysv", "7f7938d96000-7f7938d9d000 rw-s 00000000 00:01 32769                      /SYSV00000000 (deleted)",
+     "7f0000000000-7f0000001000 r--p 00000000 08:11 42                         /tmp/x(deleted)",
+     0x7f0000000000, 0x7f0000001000, "r--p", 0, 8, 0x11, 42, "/tmp/x(deleted)", false},
+    {"shared_sysv",
+     "7f7938d96000-7f7938d9d000 rw-s 00000000 00:01 32769                      /SYSV00000000 (deleted)",
      0x7f7938d96000, 0x7f7938d9d000, "rw-s", 0, 0, 1, 32769, "/SYSV00000000", true},
-    {"anon_inode", "7f0000000000-7f0000001000 rw-s 00000000 00:0e 10                         anon_inode:[perf_event]",
+    {"anon_inode",
+     "7f0000000000-7f0000001000 rw-s 00000000 00:0e 10                         anon_inode:[perf_event]",
      0x7f0000000000, 0x7f0000001000, "rw-s", 0, 0, 0xe, 10, "anon_inode:[perf_event]", false},
-    {"wide_dev_and_offset", "00400000-00401000 rwxp 7fffffff000 103:12345 18446744073709551615 /x", 0x400000, 0x401000,
-     "rwxp", 0x7fffffff000, 0x103, 0x12345, UINT64_MAX, "/x", false},
-    {"no_perms", "7f0000000000-7f0000001000 ---p 00000000 00:00 0 ", 0x7f0000000000, 0x7f0000001000, "---p", 0, 0, 0, 0,
-     "", false},
+    {"wide_dev_and_offset", "00400000-00401000 rwxp 7fffffff000 103:12345 18446744073709551615 /x", 0x400000,
+     0x401000, "rwxp", 0x7fffffff000, 0x103, 0x12345, UINT64_MAX, "/x", false},
+    {"no_perms", "7f0000000000-7f0000001000 ---p 00000000 00:00 0 ", 0x7f0000000000, 0x7f0000001000, "---p",
+     0, 0, 0, 0, "", false},
 };
 
 class ParseMapsTest : public ::testing::TestWithParam<MapsCase> {};
@@ -448,8 +454,9 @@ std::vector<std::byte> auxv_bytes(std::initializer_list<uint64_t> words) {
 }
 
 TEST(ParseAuxv, PairsUntilAtNull) {
-  auto data = auxv_bytes({AT_PHDR, 0x400040, AT_PAGESZ, 4096, AT_BASE, 0x7f0000000000, AT_ENTRY, 0x401000, AT_NULL, 0,
-                          /* padding after AT_NULL */ 0, 0});
+  auto data =
+      auxv_bytes({AT_PHDR, 0x400040, AT_PAGESZ, 4096, AT_BASE, 0x7f0000000000, AT_ENTRY, 0x401000, AT_NULL, 0,
+                  /* padding after AT_NULL */ 0, 0});
   auto r = parse_auxv(data);
   ASSERT_TRUE(r.ok()) << r.error().to_string();
   ASSERT_EQ(r->size(), 4u);
@@ -553,7 +560,8 @@ TEST(ParseSyscall, Running) {
 
 TEST(ParseSyscall, InSyscall) {
   // A thread blocked in read(3, buf, 0x20000).
-  auto r = parse_syscall("0 0x3 0x7f9133690000 0x20000 0x7f9133721b60 0xffffffff 0x0 0x7ffc7729b078 0x7f913380a2ad\n");
+  auto r = parse_syscall(
+      "0 0x3 0x7f9133690000 0x20000 0x7f9133721b60 0xffffffff 0x0 0x7ffc7729b078 0x7f913380a2ad\n");
   ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_FALSE(r->running);
   EXPECT_EQ(r->nr, 0);
@@ -563,7 +571,8 @@ TEST(ParseSyscall, InSyscall) {
 }
 
 TEST(ParseSyscall, FutexWithFullWidthArgs) {
-  auto r = parse_syscall("202 0x7f0000001000 0x80 0x0 0x0 0x0 0xffffffffffffffff 0x7ffc00000000 0x7f00000000a0");
+  auto r =
+      parse_syscall("202 0x7f0000001000 0x80 0x0 0x0 0x0 0xffffffffffffffff 0x7ffc00000000 0x7f00000000a0");
   ASSERT_TRUE(r.ok()) << r.error().to_string();
   EXPECT_EQ(r->nr, 202);
   EXPECT_EQ(r->args[5], UINT64_MAX);
@@ -615,7 +624,8 @@ TEST(LiveProcfs, MissingProcessIsNoSuchProcess) {
   auto r = read_status(kNoPid);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), Errc::kNoSuchProcess);
-  EXPECT_NE(r.error().to_string().find("/proc/2147483647/status"), std::string::npos) << r.error().to_string();
+  EXPECT_NE(r.error().to_string().find("/proc/2147483647/status"), std::string::npos)
+      << r.error().to_string();
 
   auto m = read_maps(kNoPid);
   ASSERT_FALSE(m.ok());
@@ -636,13 +646,13 @@ TEST(LiveProcfs, OtherErrnoIsIo) {
 TEST(LiveProcfs, ReadMapsOfSelfFindsExecutableMapping) {
   auto r = read_maps(getpid());
   ASSERT_TRUE(r.ok()) << r.error().to_string();
-  bool found =
-      std::any_of(r->begin(), r->end(), [](const MapEntry& e) { return e.exec && e.file_backed() && !e.path.empty(); });
+  bool found = std::any_of(r->begin(), r->end(),
+                           [](const MapEntry& e) { return e.exec && e.file_backed() && !e.path.empty(); });
   EXPECT_TRUE(found);
   // The function we are running in lies in an executable mapping.
   auto pc = reinterpret_cast<uint64_t>(&parse_maps);
-  EXPECT_TRUE(
-      std::any_of(r->begin(), r->end(), [pc](const MapEntry& e) { return e.exec && e.start <= pc && pc < e.end; }));
+  EXPECT_TRUE(std::any_of(r->begin(), r->end(),
+                          [pc](const MapEntry& e) { return e.exec && e.start <= pc && pc < e.end; }));
 }
 
 TEST(LiveProcfs, ReadStatusStatAuxvOfSelf) {

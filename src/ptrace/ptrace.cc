@@ -82,8 +82,10 @@ Result<void> seize(pid_t pid, pid_t tid, unsigned long options) {
   auto r = request(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void*>(options));
   if (!r) {
     int err = r.error().sys_errno();
-    if (err == ESRCH) return Error(Errc::kNoSuchProcess, "thread " + std::to_string(tid) + " of process " +
-                                                             std::to_string(pid) + " no longer exists", err);
+    if (err == ESRCH)
+      return Error(
+          Errc::kNoSuchProcess,
+          "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " no longer exists", err);
     return diagnose_attach_failure(pid, err);
   }
   return ok();
@@ -159,8 +161,7 @@ Result<SyscallInfo> get_syscall_info(pid_t tid) {
       info.op = SyscallInfo::Op::kSeccomp;
       info.nr = static_cast<long>(raw.seccomp.nr);
       break;
-    default:
-      break;
+    default: break;
   }
   return info;
 }
@@ -224,24 +225,29 @@ Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
     if (rc == -1) {
       if (errno == EINTR) continue;
       if (errno == ECHILD)
-        return Error(Errc::kTargetExited, "thread " + std::to_string(tid) + " is gone (no longer traced)", ECHILD);
+        return Error(Errc::kTargetExited, "thread " + std::to_string(tid) + " is gone (no longer traced)",
+                     ECHILD);
       return Error::from_errno("waitid(" + std::to_string(tid) + ")");
     }
     if (si.si_pid == tid) {
       if (si.si_code == CLD_TRAPPED || si.si_code == CLD_STOPPED) {
         siginfo_t got{};
-        if (::waitid(P_PID, static_cast<id_t>(tid), &got, WSTOPPED | __WALL | WNOHANG) == 0 && got.si_pid == tid) {
+        if (::waitid(P_PID, static_cast<id_t>(tid), &got, WSTOPPED | __WALL | WNOHANG) == 0 &&
+            got.si_pid == tid) {
           // For a ptrace stop, si_status is the whole stop code: signal,
           // 0x80 for a syscall stop, and the event in bits 8-15.
           Stop st = decode((got.si_status << 8) | 0x7f);
-          REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d", tid, stop_kind_name(st.kind), st.sig, st.event);
+          REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d", tid, stop_kind_name(st.kind), st.sig,
+                     st.event);
           return st;
         }
         continue;  // changed meanwhile: look again
       }
       Stop st{si.si_code == CLD_EXITED ? Stop::Kind::kExited : Stop::Kind::kKilled};
-      if (si.si_code == CLD_EXITED) st.exit_status = si.si_status;
-      else st.sig = si.si_status;
+      if (si.si_code == CLD_EXITED)
+        st.exit_status = si.si_status;
+      else
+        st.sig = si.si_status;
       auto status = procfs::read_status(tid);
       bool our_child_leader = status && status->tgid == tid && status->ppid == getpid();
       if (!our_child_leader) {
@@ -332,11 +338,12 @@ Error diagnose_attach_failure(pid_t pid, int err) {
                    "ptrace refused by Yama (kernel.yama.ptrace_scope = 3: ptrace is disabled until reboot)",
                    err);
   }
-  return Error(Errc::kPtraceDenied,
-               "ptrace refused for process " + p +
-                   " by a security module (SELinux, AppArmor) or a user-namespace boundary; run remora in the "
-                   "target's user namespace or as a user allowed to trace it",
-               err);
+  return Error(
+      Errc::kPtraceDenied,
+      "ptrace refused for process " + p +
+          " by a security module (SELinux, AppArmor) or a user-namespace boundary; run remora in the "
+          "target's user namespace or as a user allowed to trace it",
+      err);
 }
 
 }  // namespace remora::ptrace

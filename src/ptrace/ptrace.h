@@ -50,10 +50,10 @@ Result<siginfo_t> get_siginfo(pid_t tid);
 struct SyscallInfo {
   enum class Op { kNone, kEntry, kExit, kSeccomp } op = Op::kNone;
   uint64_t ip = 0, sp = 0;
-  long nr = -1;          // entry/seccomp
-  uint64_t arg0 = 0;     // entry/seccomp: first argument
-  int64_t ret = 0;       // exit
-  bool is_error = false; // exit
+  long nr = -1;           // entry/seccomp
+  uint64_t arg0 = 0;      // entry/seccomp: first argument
+  int64_t ret = 0;        // exit
+  bool is_error = false;  // exit
 };
 // PTRACE_GET_SYSCALL_INFO (Linux 5.3+): tells syscall entry from exit for sure.
 Result<SyscallInfo> get_syscall_info(pid_t tid);

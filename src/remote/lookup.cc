@@ -2,17 +2,18 @@
 
 #include <elf.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+
+#include <linux/openat2.h>
 
 #include "base/log.h"
 #include "base/strings.h"
@@ -39,9 +40,7 @@ std::string_view match_name(std::string_view path) {
   return base;
 }
 
-std::string dev_string(uint64_t dev) {
-  return std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
-}
+std::string dev_string(uint64_t dev) { return std::to_string(major(dev)) + ":" + std::to_string(minor(dev)); }
 
 std::string identity(uint64_t dev, uint64_t inode, const std::string& build_id_hex) {
   return "device " + dev_string(dev) + " inode " + std::to_string(inode) + ", build id " +
@@ -82,8 +81,10 @@ Result<UniqueFd> open_in_root(pid_t pid, const std::string& path) {
   if (fd < 0) {
     int err = errno;
     if (err == ENOSYS)
-      return Error(Errc::kNotSupported, "the kernel lacks openat2 (Linux 5.6+), needed to open " + path +
-                                            " safely inside the target's root", err);
+      return Error(Errc::kNotSupported,
+                   "the kernel lacks openat2 (Linux 5.6+), needed to open " + path +
+                       " safely inside the target's root",
+                   err);
     return Error::from_errno("open " + path + " inside the root of process " + std::to_string(pid), err);
   }
   return UniqueFd(static_cast<int>(fd));
@@ -107,7 +108,8 @@ std::vector<MappedLibrary> all_libraries(const std::vector<procfs::MapEntry>& ma
   return libs;
 }
 
-Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps, std::string_view name) {
+Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps,
+                                   std::string_view name) {
   if (name.empty()) return Error(Errc::kInvalidArgument, "empty library name");
   auto libs = all_libraries(maps);
   std::vector<const MappedLibrary*> tiers[3];
@@ -159,11 +161,12 @@ Result<MappedLibrary> library_at(pid_t pid, const std::vector<procfs::MapEntry>&
                "no file is mapped at " + hex_addr(addr) + " in process " + std::to_string(pid));
 }
 
-Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem, const LookupOptions& opts) {
+Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem,
+                               const LookupOptions& opts) {
   const procfs::MapEntry* hdr = header_mapping(lib);
   if (hdr == nullptr)
-    return Error(Errc::kParse, lib.path + " has no mapping at file offset 0 in process " + std::to_string(pid) +
-                                   ": not a loaded ELF image");
+    return Error(Errc::kParse, lib.path + " has no mapping at file offset 0 in process " +
+                                   std::to_string(pid) + ": not a loaded ELF image");
   auto read = [&mem](uint64_t addr, std::span<std::byte> out) { return mem.read(addr, out); };
   auto in_memory = REMORA_TRY_CTX(elf::ElfImage::headers_from_memory(hdr->start, read),
                                   "read the image of " + lib.path + " from process " + std::to_string(pid));
@@ -210,8 +213,8 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
           opened = open_in_root(pid, lib.path.substr(prefix.size()));
       }
     }
-    UniqueFd f = REMORA_TRY_CTX(std::move(opened),
-                                lib.deleted ? "the mapped file " + lib.path + " was deleted" : "open mapped file");
+    UniqueFd f = REMORA_TRY_CTX(
+        std::move(opened), lib.deleted ? "the mapped file " + lib.path + " was deleted" : "open mapped file");
     struct stat st {};
     if (::fstat(f.get(), &st) != 0) return Error::from_errno("fstat " + lib.path);
     if (!S_ISREG(st.st_mode))
@@ -248,14 +251,16 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
   auto image = REMORA_TRY(elf::ImageCache::global().get_or_load(key, loader));
 
   // The bias: from the header mapping, confirmed by the executable mapping.
-  uint64_t bias = REMORA_TRY_CTX(image->bias_for_mapping(hdr->start, hdr->offset), "compute the load bias of " + lib.path);
+  uint64_t bias = REMORA_TRY_CTX(image->bias_for_mapping(hdr->start, hdr->offset),
+                                 "compute the load bias of " + lib.path);
   return LoadedImage{std::move(image), bias, route};
 }
 
 namespace {
 
-Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibrary& lib, std::string_view symbol,
-                                 const LookupOptions& opts, bool want_code, bool* found, ImageMemo* memo) {
+Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibrary& lib,
+                                 std::string_view symbol, const LookupOptions& opts, bool want_code,
+                                 bool* found, ImageMemo* memo) {
   *found = false;
   const procfs::MapEntry* hdr = header_mapping(lib);
   auto key = std::make_tuple(lib.dev, lib.inode, hdr ? hdr->start : 0);
@@ -306,15 +311,17 @@ Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_
     auto lib = REMORA_TRY(find_library(pid, maps, library));
     auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, want_code, &found, memo));
     if (!found)
-      return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' is not defined in " + lib.path +
-                                              " (searched .dynsym and .symtab); check the spelling, or whether "
-                                              "it is a C++ name that needs its mangled form");
+      return Error(Errc::kSymbolNotFound,
+                   "symbol '" + std::string(symbol) + "' is not defined in " + lib.path +
+                       " (searched .dynsym and .symtab); check the spelling, or whether "
+                       "it is a C++ name that needs its mangled form");
     return r;
   }
   std::vector<MappedLibrary> order;
   if (auto main = library_at(pid, maps, main_phdr)) order.push_back(*main);
   for (auto& lib : all_libraries(maps))
-    if (order.empty() || lib.inode != order[0].inode || lib.dev != order[0].dev) order.push_back(std::move(lib));
+    if (order.empty() || lib.inode != order[0].inode || lib.dev != order[0].dev)
+      order.push_back(std::move(lib));
   size_t searched = 0;
   for (const auto& lib : order) {
     auto r = lookup_in(pid, mem, lib, symbol, opts, want_code, &found, memo);
@@ -322,9 +329,9 @@ Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_
     ++searched;
     if (found) return r;
   }
-  return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' is not defined in the executable or in any of the " +
-                                          std::to_string(searched) + " libraries loaded by process " +
-                                          std::to_string(pid));
+  return Error(Errc::kSymbolNotFound,
+               "symbol '" + std::string(symbol) + "' is not defined in the executable or in any of the " +
+                   std::to_string(searched) + " libraries loaded by process " + std::to_string(pid));
 }
 
 }  // namespace remora::remote

@@ -20,9 +20,9 @@
 
 #include <map>
 #include <memory>
-#include <tuple>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "base/result.h"
@@ -61,13 +61,15 @@ struct LookupOptions {
 };
 
 // Finds a library by name. See the header comment for the rules.
-Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps, std::string_view name);
+Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps,
+                                   std::string_view name);
 // The file that contains `addr`, if any.
 Result<MappedLibrary> library_at(pid_t pid, const std::vector<procfs::MapEntry>& maps, uint64_t addr);
 // All file-backed ELF-looking libraries in map order (one entry per file).
 std::vector<MappedLibrary> all_libraries(const std::vector<procfs::MapEntry>& maps);
 
-Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem, const LookupOptions& opts);
+Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem,
+                               const LookupOptions& opts);
 
 // Resolves `symbol` in `library` (empty: the main executable, then every
 // library in map order). `main_phdr` is AT_PHDR from the auxv, which
@@ -80,7 +82,8 @@ using ImageMemo = std::map<std::tuple<uint64_t, uint64_t, uint64_t>, LoadedImage
 // `maps`: the maps just read (nullptr: read them); `memo`: optional.
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
                                       std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
-                                      bool want_code = true, const std::vector<procfs::MapEntry>* maps = nullptr,
+                                      bool want_code = true,
+                                      const std::vector<procfs::MapEntry>* maps = nullptr,
                                       ImageMemo* memo = nullptr);
 
 }  // namespace remora::remote

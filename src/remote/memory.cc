@@ -16,7 +16,8 @@ Result<Memory> Memory::open(pid_t pid) {
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
-    if (err == ENOENT || err == ESRCH) return Error(Errc::kNoSuchProcess, "no process " + std::to_string(pid), err);
+    if (err == ENOENT || err == ESRCH)
+      return Error(Errc::kNoSuchProcess, "no process " + std::to_string(pid), err);
     if (err == EACCES || err == EPERM) return ptrace::diagnose_attach_failure(pid, err);
     return Error::from_errno("open " + path, err);
   }
@@ -31,8 +32,8 @@ Result<void> Memory::read(uint64_t addr, std::span<std::byte> out) const {
     if (n <= 0) {
       int err = n < 0 ? errno : EIO;
       return Error(Errc::kIo,
-                   "cannot read " + std::to_string(out.size()) + " bytes at " + hex_addr(addr) + " in process " +
-                       std::to_string(pid_) + " (unmapped or unreadable)",
+                   "cannot read " + std::to_string(out.size()) + " bytes at " + hex_addr(addr) +
+                       " in process " + std::to_string(pid_) + " (unmapped or unreadable)",
                    err);
     }
     done += static_cast<size_t>(n);
@@ -48,8 +49,8 @@ Result<void> Memory::write(uint64_t addr, std::span<const std::byte> in) const {
     if (n <= 0) {
       int err = n < 0 ? errno : EIO;
       return Error(Errc::kIo,
-                   "cannot write " + std::to_string(in.size()) + " bytes at " + hex_addr(addr) + " in process " +
-                       std::to_string(pid_) + " (unmapped)",
+                   "cannot write " + std::to_string(in.size()) + " bytes at " + hex_addr(addr) +
+                       " in process " + std::to_string(pid_) + " (unmapped)",
                    err);
     }
     done += static_cast<size_t>(n);

@@ -77,8 +77,8 @@ struct CallOptions {
 
 // What a call observed, beyond its return value.
 struct CallReport {
-  uint64_t value = 0;  // rax (x86_64) / x0 (aarch64)
-  pid_t tid = 0;       // the thread that ran the call
+  uint64_t value = 0;                   // rax (x86_64) / x0 (aarch64)
+  pid_t tid = 0;                        // the thread that ran the call
   std::chrono::nanoseconds stopped{0};  // how long T was held, seize to release
   // Ptrace stops the call took: 2 for a marked call (the interrupt, the
   // marker), however many system calls the function made.
@@ -115,10 +115,11 @@ class Target {
   // of the first that cannot be found.
   struct SymbolQuery {
     std::string_view name;
-    bool function = true;   // false: a variable
-    bool required = true;   // false: a null address when the library lacks it
+    bool function = true;  // false: a variable
+    bool required = true;  // false: a null address when the library lacks it
   };
-  Result<std::vector<RemoteAddr>> find_symbols(std::string_view library, std::span<const SymbolQuery> queries);
+  Result<std::vector<RemoteAddr>> find_symbols(std::string_view library,
+                                               std::span<const SymbolQuery> queries);
 
   // Makes one thread call `fn` with up to six integer arguments (bytes
   // arguments are copied into the target first) and returns its result.

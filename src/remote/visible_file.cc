@@ -1,7 +1,6 @@
 #include "remote/visible_file.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -11,6 +10,8 @@
 #include <cerrno>
 #include <cstdint>
 #include <vector>
+
+#include <linux/openat2.h>
 
 #include "arch/x86_64.h"
 #include "base/unique_fd.h"
@@ -32,7 +33,8 @@ bool target_sees_same_file(pid_t pid, const std::string& path, const struct stat
   if (fd < 0) return false;
   UniqueFd f(static_cast<int>(fd));
   struct stat st {};
-  return ::fstat(f.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == host.st_dev && st.st_ino == host.st_ino;
+  return ::fstat(f.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == host.st_dev &&
+         st.st_ino == host.st_ino;
 }
 
 Result<std::vector<char>> read_whole(int fd, const std::string& path) {
@@ -69,8 +71,8 @@ Result<VisibleFile> make_visible(Target& target, const std::string& host_path) {
   auto rfd = static_cast<int64_t>(made.value);
   if (rfd < 0 || rfd > INT32_MAX)
     return Error(Errc::kNotSupported, "memfd_create failed in process " + std::to_string(target.pid()) +
-                                          " (a seccomp filter or a kernel without memfd); cannot pass " + host_path +
-                                          " into it");
+                                          " (a seccomp filter or a kernel without memfd); cannot pass " +
+                                          host_path + " into it");
   VisibleFile vf{"/proc/self/fd/" + std::to_string(rfd), static_cast<int>(rfd)};
   auto fill = [&]() -> Result<void> {
     auto data = REMORA_TRY(read_whole(src.get(), host_path));
@@ -96,7 +98,8 @@ Result<VisibleFile> make_visible(Target& target, const std::string& host_path) {
     for (size_t off = 0; off < data.size();) {
       size_t len = std::min(kChunk, data.size() - off);
       CallArg w[] = {CallArg::integer(static_cast<uint64_t>(rfd)),
-                     CallArg::buffer(std::as_bytes(std::span(data.data() + off, len))), CallArg::integer(len)};
+                     CallArg::buffer(std::as_bytes(std::span(data.data() + off, len))),
+                     CallArg::integer(len)};
       auto r = REMORA_TRY(target.call(write_fn, w));
       auto n = static_cast<int64_t>(r.value);
       if (n <= 0) return Error(Errc::kIo, "write into the memfd failed in the target");
@@ -106,7 +109,8 @@ Result<VisibleFile> make_visible(Target& target, const std::string& host_path) {
   };
   if (auto r = fill(); !r) {
     (void)release(target, vf);
-    return std::move(r).error().with_context("copy " + host_path + " into process " + std::to_string(target.pid()));
+    return std::move(r).error().with_context("copy " + host_path + " into process " +
+                                             std::to_string(target.pid()));
   }
   return vf;
 }
@@ -117,7 +121,8 @@ Result<void> release(Target& target, VisibleFile& file) {
   auto r = REMORA_TRY(target.syscall(x::nr::kClose, args));
   file.remote_fd = -1;
   if (static_cast<int64_t>(r.value) != 0)
-    return Error(Errc::kIo, "close of the memfd in the target failed", static_cast<int>(-static_cast<int64_t>(r.value)));
+    return Error(Errc::kIo, "close of the memfd in the target failed",
+                 static_cast<int>(-static_cast<int64_t>(r.value)));
   return ok();
 }
 

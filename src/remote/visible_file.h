@@ -11,8 +11,8 @@
 namespace remora::remote {
 
 struct VisibleFile {
-  std::string path;     // what the target should open (its own view)
-  int remote_fd = -1;   // a memfd in the target, or -1 when `path` is the file itself
+  std::string path;    // what the target should open (its own view)
+  int remote_fd = -1;  // a memfd in the target, or -1 when `path` is the file itself
   bool via_memfd() const { return remote_fd >= 0; }
 };
 

@@ -20,8 +20,8 @@
 //                  "-" or the role of one plain-forked child.
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>

@@ -267,7 +267,8 @@ TEST_F(Controllers, DeathMidCallRestoresTheMaskOfAThreadThatBlocksSigurg) {
         return st.tracer_pid == controller.pid() && st.state == 'S' && (st.sig_blk & bit(SIGUSR1)) != 0;
       },
       after(10s)))
-      << "the call never started\n" << describe_tasks(pid);
+      << "the call never started\n"
+      << describe_tasks(pid);
   ::kill(controller.pid(), SIGKILL);
   auto ws = controller.wait_exit(after(10s));
   ASSERT_TRUE(ws.has_value());

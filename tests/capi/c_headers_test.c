@@ -12,12 +12,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                            \
-  do {                                                         \
-    if (!(cond)) {                                             \
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
       fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                              \
-    }                                                          \
+      ++failures;                                                        \
+    }                                                                    \
   } while (0)
 
 static pid_t missing_pid(void) {
@@ -70,7 +70,8 @@ static void rocattach_api(void) {
   int i;
 
   CHECK(rocattach_get_version(&major, &minor, &patch) == ROCATTACH_STATUS_SUCCESS);
-  CHECK(major == ROCATTACH_VERSION_MAJOR && minor == ROCATTACH_VERSION_MINOR && patch == ROCATTACH_VERSION_PATCH);
+  CHECK(major == ROCATTACH_VERSION_MAJOR && minor == ROCATTACH_VERSION_MINOR &&
+        patch == ROCATTACH_VERSION_PATCH);
   CHECK(rocattach_get_version_triplet(&v) == ROCATTACH_STATUS_SUCCESS);
   CHECK(v.major == major && v.minor == minor && v.patch == patch);
   for (i = 0; i < ROCATTACH_STATUS_LAST; ++i) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace capi_test {
 
@@ -190,7 +189,8 @@ inline std::vector<std::string> read_lines(const std::string& path) {
 }
 
 // How many lines "<tool>:<hook> pid=<pid> ..." the log holds.
-inline int count_hook(const std::string& log, const std::string& hook, pid_t pid, const std::string& tool = "a") {
+inline int count_hook(const std::string& log, const std::string& hook, pid_t pid,
+                      const std::string& tool = "a") {
   std::string prefix = tool + ":" + hook + " pid=" + std::to_string(pid) + " ";
   int n = 0;
   for (const auto& l : read_lines(log))

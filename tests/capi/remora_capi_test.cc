@@ -1,4 +1,5 @@
 // The C API of libremora.so (include/remora/remora.h), linked directly.
+#include <gtest/gtest.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -8,8 +9,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "capi_test_util.h"
 #include "remora/remora.h"
@@ -196,7 +195,8 @@ TEST_F(RemoraCapiTest, BadOptionsAreInvalidArguments) {
   const char* bad_env[] = {"NO_EQUALS_SIGN"};
   o.env = bad_env;
   EXPECT_EQ(remora_attach(pid, &o), REMORA_STATUS_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(remora_last_error()).find("NO_EQUALS_SIGN"), std::string::npos) << remora_last_error();
+  EXPECT_NE(std::string(remora_last_error()).find("NO_EQUALS_SIGN"), std::string::npos)
+      << remora_last_error();
   o = opts_;
   o.env = nullptr;
   EXPECT_EQ(remora_attach(pid, &o), REMORA_STATUS_INVALID_ARGUMENT);

@@ -2,16 +2,16 @@
 // path, dlsym the functions, configure through the environment. This binary
 // does not link libremora.so or include anything of Remora but rocattach.h
 // (for the types; the functions come from dlsym).
+#include "rocattach.h"
+
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <iterator>
 #include <string>
 
-#include <gtest/gtest.h>
-
 #include "capi_test_util.h"
-#include "rocattach.h"
 
 namespace {
 
@@ -45,7 +45,8 @@ class RocattachTest : public ::testing::Test {
     detach = sym<decltype(&rocattach_detach)>(lib_, "rocattach_detach");
     detach_tree = sym<decltype(&rocattach_detach_tree)>(lib_, "rocattach_detach_tree");
     get_version = sym<decltype(&rocattach_get_version)>(lib_, "rocattach_get_version");
-    get_version_triplet = sym<decltype(&rocattach_get_version_triplet)>(lib_, "rocattach_get_version_triplet");
+    get_version_triplet =
+        sym<decltype(&rocattach_get_version_triplet)>(lib_, "rocattach_get_version_triplet");
     status_name = sym<decltype(&rocattach_get_status_name)>(lib_, "rocattach_get_status_name");
     status_string = sym<decltype(&rocattach_get_status_string)>(lib_, "rocattach_get_status_string");
   }
@@ -84,7 +85,8 @@ TEST_F(RocattachTest, AttachTreeAndDetachTreeRunEveryHookInEveryProcess) {
   for (pid_t p : tree.pids()) EXPECT_EQ(count_hook(log_, "tool_detach", p), 0) << dump(log_);
 
   ASSERT_EQ(detach_tree(tree.root()), ROCATTACH_STATUS_SUCCESS);
-  for (pid_t p : tree.pids()) EXPECT_EQ(count_hook(log_, "tool_detach", p), 1) << "pid " << p << ":\n" << dump(log_);
+  for (pid_t p : tree.pids())
+    EXPECT_EQ(count_hook(log_, "tool_detach", p), 1) << "pid " << p << ":\n" << dump(log_);
   // The tree was consumed: a second detach_tree has nothing to detach.
   EXPECT_EQ(detach_tree(tree.root()), ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT);
   // The targets still work: every process exits 0 when told to.

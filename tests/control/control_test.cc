@@ -1,22 +1,21 @@
 // Process control: launch stop, events, errors and close modes, against the
 // real programs ctl_prog, libctl_preload.so and libctl_plugin.so.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "control/process.h"
 
@@ -501,7 +500,8 @@ TEST_F(ControlTest, ErrorPtraceRefusedNamesTheRule) {
     close(pfd[0]);
     if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
     auto p = Process::open(target);
-    std::string msg = p.ok() ? "ok" : std::to_string(static_cast<int>(p.error().code())) + " " + p.error().message();
+    std::string msg =
+        p.ok() ? "ok" : std::to_string(static_cast<int>(p.error().code())) + " " + p.error().message();
     (void)!write(pfd[1], msg.data(), msg.size());
     _exit(0);
   }

@@ -1,6 +1,8 @@
 /* The libtnfctl-shaped C API, from plain C: the two scenarios of the
  * libtnfctl man pages and the error codes. Exit status 0 when all pass. */
 #define _GNU_SOURCE
+#include "remora/compat/tnfctl.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -10,16 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "remora/compat/tnfctl.h"
-
 static int failures = 0;
-#define CHECK(c)                                                                 \
-  do {                                                                           \
-    if (!(c)) {                                                                  \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (%s)\n", __FILE__, __LINE__, #c, \
-              tnfctl_last_error());                                              \
-      ++failures;                                                                \
-    }                                                                            \
+#define CHECK(c)                                                                                      \
+  do {                                                                                                \
+    if (!(c)) {                                                                                       \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (%s)\n", __FILE__, __LINE__, #c, tnfctl_last_error()); \
+      ++failures;                                                                                     \
+    }                                                                                                 \
   } while (0)
 
 static char dir[64];
@@ -91,7 +90,8 @@ static void errors(void) {
   if (c == 0) _exit(0);
   waitpid(c, NULL, 0);
   CHECK(tnfctl_pid_open(c, &h) == TNFCTL_ERR_NOPROCESS);
-  CHECK(tnfctl_exec_open("remora-no-such-program-xyz", NULL, NULL, NULL, NULL, &h) == TNFCTL_ERR_FILENOTFOUND);
+  CHECK(tnfctl_exec_open("remora-no-such-program-xyz", NULL, NULL, NULL, NULL, &h) ==
+        TNFCTL_ERR_FILENOTFOUND);
   CHECK(tnfctl_exec_open(CTL_STATIC, NULL, NULL, NULL, NULL, &h) == TNFCTL_ERR_NOTDYNAMIC);
   CHECK(tnfctl_exec_open(CTL_PROG, NULL, NULL, "/nonexistent", NULL, &h) == TNFCTL_ERR_NOLIBTNFPROBE);
   /* BUSY: a second handle on a process already held. */
@@ -101,7 +101,7 @@ static void errors(void) {
     tnfctl_handle_t* h2 = NULL;
     CHECK(tnfctl_pid_open(tnfctl_pid(h), &h2) == TNFCTL_ERR_BUSY);
     pid_t pid = tnfctl_pid(h);
-    CHECK(tnfctl_close(h, TNFCTL_TARG_DEFAULT) == TNFCTL_ERR_NONE);  /* launched: killed */
+    CHECK(tnfctl_close(h, TNFCTL_TARG_DEFAULT) == TNFCTL_ERR_NONE); /* launched: killed */
     CHECK(kill(pid, 0) != 0);
   }
   CHECK(strcmp(tnfctl_strerror(TNFCTL_ERR_BUSY), "") != 0);

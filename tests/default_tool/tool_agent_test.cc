@@ -3,6 +3,7 @@
 // agent's loading rules (dlopen RTLD_NOW|RTLD_LOCAL, env buffer, sessions,
 // re-attach with the same list) without the attach engine.
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,6 @@
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "workload.h"
 
@@ -38,7 +37,8 @@ std::vector<char> env_buffer(const std::vector<std::pair<std::string, std::strin
 TEST(DefaultToolUnderAgent, AttachDetachReattach) {
   void* agent = dlopen(REMORA_AGENT_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(agent, nullptr) << dlerror();
-  auto agent_attach = reinterpret_cast<int (*)(const void*, const char*)>(dlsym(agent, "remora_agent_attach"));
+  auto agent_attach =
+      reinterpret_cast<int (*)(const void*, const char*)>(dlsym(agent, "remora_agent_attach"));
   auto agent_detach = reinterpret_cast<int (*)()>(dlsym(agent, "remora_agent_detach"));
   ASSERT_NE(agent_attach, nullptr);
   ASSERT_NE(agent_detach, nullptr);

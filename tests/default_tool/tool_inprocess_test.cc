@@ -5,6 +5,7 @@
 // signal dispositions, timers) and still computes correctly.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +23,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "remora/tool.h"
 #include "workload.h"
@@ -59,7 +58,8 @@ ToolHandle& tool() {
       abort();
     }
     auto configure = reinterpret_cast<remora_configure_fn>(dlsym(h.handle, "remora_configure"));
-    auto configure_attach = reinterpret_cast<remora_configure_attach_fn>(dlsym(h.handle, "remora_configure_attach"));
+    auto configure_attach =
+        reinterpret_cast<remora_configure_attach_fn>(dlsym(h.handle, "remora_configure_attach"));
     h.conf = configure(REMORA_TOOL_ABI_VERSION, &info);
     h.conf_attach = configure_attach(REMORA_TOOL_ABI_VERSION, &info);
     h.debug_slots = reinterpret_cast<DebugSlotsFn>(dlsym(h.handle, "remora_default_tool_debug_slots"));
@@ -72,9 +72,9 @@ ToolHandle& tool() {
   return t;
 }
 
-const char* const kVars[] = {"REMORA_OUTPUT_PATH",   "REMORA_SAMPLE_HZ",  "REMORA_TRACE_FUNCTIONS",
-                             "REMORA_SAMPLING",      "REMORA_TRACING",    "REMORA_SAMPLE_SIGNAL",
-                             "REMORA_MAX_EVENTS",    "REMORA_FOLD_THREADS"};
+const char* const kVars[] = {"REMORA_OUTPUT_PATH", "REMORA_SAMPLE_HZ",   "REMORA_TRACE_FUNCTIONS",
+                             "REMORA_SAMPLING",    "REMORA_TRACING",     "REMORA_SAMPLE_SIGNAL",
+                             "REMORA_MAX_EVENTS",  "REMORA_FOLD_THREADS"};
 
 int attach(const std::map<std::string, std::string>& env) {
   for (const char* v : kVars) unsetenv(v);
@@ -162,8 +162,10 @@ class DefaultToolTest : public ::testing::Test {
     out_ = dir_ + "/out";
   }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-    else fprintf(stderr, "outputs kept in %s\n", dir_.c_str());
+    if (!HasFailure())
+      fs::remove_all(dir_);
+    else
+      fprintf(stderr, "outputs kept in %s\n", dir_.c_str());
   }
   std::string check_outputs(const std::string& d, const std::string& extra) {
     std::string cmd = "python3 " REMORA_CHECK_SCRIPT " '" + d + "' " + extra + " 2>&1";
@@ -194,7 +196,9 @@ TEST_F(DefaultToolTest, OneSessionWritesEveryOutput) {
   EXPECT_EQ(fs::path(d).parent_path(), fs::path(out_));
   for (const char* f : {"trace.json", "folded.txt", "flamegraph.svg", "stats.csv", "summary.txt"})
     EXPECT_TRUE(fs::exists(fs::path(d) / f)) << f;
-  EXPECT_EQ(check_outputs(d, "--expect-calls read,write,fsync,pthread_mutex_lock --expect-frame workload_hash"), "");
+  EXPECT_EQ(
+      check_outputs(d, "--expect-calls read,write,fsync,pthread_mutex_lock --expect-frame workload_hash"),
+      "");
 
   std::string folded = read_file(fs::path(d) / "folded.txt");
   EXPECT_NE(folded.find("workload_hash"), std::string::npos);
@@ -243,7 +247,8 @@ TEST_F(DefaultToolTest, DetachRestoresGotSignalAndTimers) {
     Dl_info a, b;
     ASSERT_NE(dladdr(s.original, &a), 0);
     ASSERT_NE(dladdr(reinterpret_cast<void*>(s.slot), &b), 0);
-    EXPECT_EQ(a.dli_fbase, b.dli_fbase) << s.function << ": original neither the real function nor a local PLT stub";
+    EXPECT_EQ(a.dli_fbase, b.dli_fbase)
+        << s.function << ": original neither the real function nor a local PLT stub";
     EXPECT_TRUE(*s.slot == s.original || *s.slot == real) << s.function << " in " << s.object;
   }
   EXPECT_EQ(rt_dispositions(), dispositions);
@@ -273,7 +278,8 @@ TEST_F(DefaultToolTest, LeavesTheApplicationsSignalsAlone) {
   EXPECT_EQ(rt_dispositions(), dispositions);
 
   // A signal the application uses cannot be forced on the tool.
-  EXPECT_NE(attach({{"REMORA_OUTPUT_PATH", out_}, {"REMORA_SAMPLE_SIGNAL", std::to_string(SIGRTMIN + 8)}}), 0);
+  EXPECT_NE(attach({{"REMORA_OUTPUT_PATH", out_}, {"REMORA_SAMPLE_SIGNAL", std::to_string(SIGRTMIN + 8)}}),
+            0);
   EXPECT_EQ(rt_dispositions(), dispositions);
   sigaction(SIGRTMIN + 8, &old8, nullptr);
   sigaction(SIGRTMIN + 9, &old9, nullptr);
@@ -296,7 +302,8 @@ TEST_F(DefaultToolTest, SamplesThreadsCreatedWhileAttached) {
   uint64_t spin = 0;
   std::istringstream lines(folded);
   for (std::string line; std::getline(lines, line);)
-    if (line.find("workload_spin_for_ms") != std::string::npos) spin += std::stoull(line.substr(line.rfind(' ') + 1));
+    if (line.find("workload_spin_for_ms") != std::string::npos)
+      spin += std::stoull(line.substr(line.rfind(' ') + 1));
   EXPECT_GT(spin, 698u * 6 / 10) << "samples in the late thread";
   EXPECT_LT(spin, 698u * 14 / 10) << "samples in the late thread";
   std::string trace = read_file(fs::path(d) / "trace.json");
@@ -306,7 +313,9 @@ TEST_F(DefaultToolTest, SamplesThreadsCreatedWhileAttached) {
 TEST_F(DefaultToolTest, TracingOnlyCreatesNoTimer) {
   int timers = count_timers();
   auto dispositions = rt_dispositions();
-  ASSERT_EQ(attach({{"REMORA_OUTPUT_PATH", out_}, {"REMORA_SAMPLING", "0"}, {"REMORA_TRACE_FUNCTIONS", "write"}}), 0);
+  ASSERT_EQ(
+      attach({{"REMORA_OUTPUT_PATH", out_}, {"REMORA_SAMPLING", "0"}, {"REMORA_TRACE_FUNCTIONS", "write"}}),
+      0);
   EXPECT_EQ(count_timers(), timers);
   EXPECT_EQ(rt_dispositions(), dispositions);
   for (const auto& s : patched_slots()) EXPECT_EQ(s.function, "write");

@@ -1,4 +1,5 @@
 // Unit tests of the default tool's pure parts: settings and output writers.
+#include <gtest/gtest.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -6,8 +7,6 @@
 #include <filesystem>
 #include <map>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "config.h"
 #include "profile.h"
@@ -39,10 +38,29 @@ TEST(DefaultToolConfig, Defaults) {
   EXPECT_EQ(c.hz, 99);
   EXPECT_TRUE(c.sampling);
   EXPECT_TRUE(c.tracing);
-  for (const char* f : {"read", "write", "recv", "send", "recvfrom", "sendto", "poll", "epoll_wait", "select",
-                        "nanosleep", "clock_nanosleep", "usleep", "sleep", "fsync", "fdatasync", "accept",
-                        "connect", "pthread_mutex_lock", "pthread_cond_wait", "pthread_cond_timedwait",
-                        "pthread_join", "sem_wait", "waitpid"})
+  for (const char* f : {"read",
+                        "write",
+                        "recv",
+                        "send",
+                        "recvfrom",
+                        "sendto",
+                        "poll",
+                        "epoll_wait",
+                        "select",
+                        "nanosleep",
+                        "clock_nanosleep",
+                        "usleep",
+                        "sleep",
+                        "fsync",
+                        "fdatasync",
+                        "accept",
+                        "connect",
+                        "pthread_mutex_lock",
+                        "pthread_cond_wait",
+                        "pthread_cond_timedwait",
+                        "pthread_join",
+                        "sem_wait",
+                        "waitpid"})
     EXPECT_TRUE(has(c.functions, f)) << f;
   EXPECT_FALSE(has(c.functions, "open")) << "open is opt-in";
 }
@@ -50,8 +68,11 @@ TEST(DefaultToolConfig, Defaults) {
 TEST(DefaultToolConfig, Values) {
   Config c;
   std::string err;
-  ASSERT_TRUE(parse({{"REMORA_OUTPUT_PATH", "/tmp/x"}, {"REMORA_SAMPLE_HZ", " 1000 "}, {"REMORA_SAMPLING", "off"},
-                     {"REMORA_TRACING", "yes"}, {"REMORA_TRACE_FUNCTIONS", "read, write,,open"}},
+  ASSERT_TRUE(parse({{"REMORA_OUTPUT_PATH", "/tmp/x"},
+                     {"REMORA_SAMPLE_HZ", " 1000 "},
+                     {"REMORA_SAMPLING", "off"},
+                     {"REMORA_TRACING", "yes"},
+                     {"REMORA_TRACE_FUNCTIONS", "read, write,,open"}},
                     &c, &err))
       << err;
   EXPECT_EQ(c.output_path, "/tmp/x");
@@ -150,7 +171,8 @@ TEST(DefaultToolReport, FilesAreValid) {
   ASSERT_NE(f, nullptr);
   EXPECT_TRUE(write_summary(p, d, f));
   fclose(f);
-  std::string cmd = "python3 " REMORA_CHECK_SCRIPT " " + d + " --expect-calls read,write --expect-frame 'hot<a&b>'";
+  std::string cmd =
+      "python3 " REMORA_CHECK_SCRIPT " " + d + " --expect-calls read,write --expect-frame 'hot<a&b>'";
   EXPECT_EQ(system(cmd.c_str()), 0) << cmd;
   std::filesystem::remove_all(d);
 }
@@ -161,9 +183,11 @@ TEST(DefaultToolReport, EmptyProfileStillValid) {
   char tmpl[] = "/tmp/remora-tool-unit-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   std::string d = tmpl;
-  for (auto [name, fn] : std::map<std::string, bool (*)(const Profile&, FILE*)>{
-           {"trace.json", write_trace_json}, {"folded.txt", write_folded},
-           {"flamegraph.svg", write_flamegraph_svg}, {"stats.csv", write_stats_csv}}) {
+  for (auto [name, fn] :
+       std::map<std::string, bool (*)(const Profile&, FILE*)>{{"trace.json", write_trace_json},
+                                                              {"folded.txt", write_folded},
+                                                              {"flamegraph.svg", write_flamegraph_svg},
+                                                              {"stats.csv", write_stats_csv}}) {
     FILE* f = fopen((d + "/" + name).c_str(), "w");
     ASSERT_NE(f, nullptr);
     EXPECT_TRUE(fn(p, f));

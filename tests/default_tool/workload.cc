@@ -50,12 +50,30 @@ void Workload::fail(const std::string& what) {
 
 void Workload::start() {
   if (pipe(pipe_) != 0) fail("pipe");
-  threads_.emplace_back([this] { pthread_setname_np(pthread_self(), "wl-hash"); hash_loop(); });
-  threads_.emplace_back([this] { pthread_setname_np(pthread_self(), "wl-sort"); sort_loop(); });
-  threads_.emplace_back([this] { pthread_setname_np(pthread_self(), "wl-file"); file_loop(); });
-  threads_.emplace_back([this] { pthread_setname_np(pthread_self(), "wl-mutex-a"); mutex_loop(); });
-  threads_.emplace_back([this] { pthread_setname_np(pthread_self(), "wl-mutex-b"); mutex_loop(); });
-  threads_.emplace_back([this] { pthread_setname_np(pthread_self(), "wl-pipe"); pipe_loop(); });
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "wl-hash");
+    hash_loop();
+  });
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "wl-sort");
+    sort_loop();
+  });
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "wl-file");
+    file_loop();
+  });
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "wl-mutex-a");
+    mutex_loop();
+  });
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "wl-mutex-b");
+    mutex_loop();
+  });
+  threads_.emplace_back([this] {
+    pthread_setname_np(pthread_self(), "wl-pipe");
+    pipe_loop();
+  });
 }
 
 void Workload::hash_loop() {
@@ -165,10 +183,11 @@ std::string Workload::stop_and_check() {
   threads_.clear();
   if (pipe_[0] >= 0) close(pipe_[0]);
   pipe_[0] = -1;
-  if (counter_ != increments_.load()) fail("mutex counter " + std::to_string(counter_) + " != increments " +
-                                           std::to_string(increments_.load()));
-  if (received_.load() != fed_) fail("pipe: fed " + std::to_string(fed_) + ", received " +
-                                     std::to_string(received_.load()));
+  if (counter_ != increments_.load())
+    fail("mutex counter " + std::to_string(counter_) + " != increments " +
+         std::to_string(increments_.load()));
+  if (received_.load() != fed_)
+    fail("pipe: fed " + std::to_string(fed_) + ", received " + std::to_string(received_.load()));
   if (hash_rounds_.load() == 0) fail("the hash thread never ran");
   return failures_;
 }

@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   s.size = sizeof s;
   if ((st = remora_status(pid, &s)) != REMORA_STATUS_SUCCESS) return fail("status", st);
   if (!s.agent_loaded || !s.attached) {
-    fprintf(stderr, "capi_attach: status after attach: agent_loaded=%d attached=%d\n", s.agent_loaded, s.attached);
+    fprintf(stderr, "capi_attach: status after attach: agent_loaded=%d attached=%d\n", s.agent_loaded,
+            s.attached);
     return 1;
   }
   printf("attached to %d: sessions=%llu tools=%s\n", (int)pid, (unsigned long long)s.sessions, s.tools);

@@ -7,7 +7,6 @@
 // system call), close(); then the target must report no anomaly, the same
 // fds and mappings as at the snapshot, and exactly as many probe calls as
 // succeeded here. The test process's own fd count must not grow either.
-#include <fstream>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -17,6 +16,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,8 +32,8 @@ namespace {
 bool kernel_names_anonymous_mappings() {
   void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return false;
-  bool ok = prctl(0x53564d41 /* PR_SET_VMA */, 0 /* PR_SET_VMA_ANON_NAME */, reinterpret_cast<unsigned long>(p), 4096UL,
-                  reinterpret_cast<unsigned long>("probe")) == 0;
+  bool ok = prctl(0x53564d41 /* PR_SET_VMA */, 0 /* PR_SET_VMA_ANON_NAME */,
+                  reinterpret_cast<unsigned long>(p), 4096UL, reinterpret_cast<unsigned long>("probe")) == 0;
   munmap(p, 4096);
   return ok;
 }

@@ -23,8 +23,8 @@ static void record(const char* hook, uint64_t session) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   char line[256];
-  int n = snprintf(line, sizeof line, "%s:%s pid=%d tid=%ld t=%lld session=%llu\n", HOOK_TOOL_NAME, hook, getpid(),
-                   (long)syscall(SYS_gettid), (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec,
+  int n = snprintf(line, sizeof line, "%s:%s pid=%d tid=%ld t=%lld session=%llu\n", HOOK_TOOL_NAME, hook,
+                   getpid(), (long)syscall(SYS_gettid), (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec,
                    (unsigned long long)session);
   int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd >= 0) {
@@ -58,12 +58,13 @@ static int tool_detach(void* data, const remora_tool_info_t* info) {
   return 0;
 }
 
-static remora_tool_configure_result_t g_conf = {sizeof(remora_tool_configure_result_t), 0, tool_init, tool_fini, NULL};
-static remora_tool_configure_attach_result_t g_attach = {sizeof(remora_tool_configure_attach_result_t), 0, tool_attach,
-                                                         tool_detach};
+static remora_tool_configure_result_t g_conf = {sizeof(remora_tool_configure_result_t), 0, tool_init,
+                                                tool_fini, NULL};
+static remora_tool_configure_attach_result_t g_attach = {sizeof(remora_tool_configure_attach_result_t), 0,
+                                                         tool_attach, tool_detach};
 
-__attribute__((visibility("default"))) remora_tool_configure_result_t* remora_configure(uint32_t v,
-                                                                                       const remora_tool_info_t* info) {
+__attribute__((visibility("default"))) remora_tool_configure_result_t* remora_configure(
+    uint32_t v, const remora_tool_info_t* info) {
   (void)v;
   (void)info;
   record("configure", 0);

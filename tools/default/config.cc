@@ -21,9 +21,12 @@ std::string trim(const std::string& s) {
 
 bool parse_bool(const char* name, const char* v, bool* out, std::string* error) {
   std::string s = trim(v);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(tolower(c)); });
-  if (s == "1" || s == "true" || s == "yes" || s == "on") *out = true;
-  else if (s == "0" || s == "false" || s == "no" || s == "off") *out = false;
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(tolower(c)); });
+  if (s == "1" || s == "true" || s == "yes" || s == "on")
+    *out = true;
+  else if (s == "0" || s == "false" || s == "no" || s == "off")
+    *out = false;
   else {
     *error = std::string(name) + "='" + v + "': expected 0 or 1";
     return false;
@@ -113,12 +116,17 @@ bool parse_config(const std::function<const char*(const char*)>& getenv_fn, Conf
         if (!remove) c.functions.clear();
         continue;
       }
-      if (t == "default") names = default_functions();
-      else if (t == "all") names = supported;
-      else names = {t};
+      if (t == "default")
+        names = default_functions();
+      else if (t == "all")
+        names = supported;
+      else
+        names = {t};
       for (const auto& name : names) {
-        if (remove) c.functions.erase(std::remove(c.functions.begin(), c.functions.end(), name), c.functions.end());
-        else add_unique(&c.functions, name);
+        if (remove)
+          c.functions.erase(std::remove(c.functions.begin(), c.functions.end(), name), c.functions.end());
+        else
+          add_unique(&c.functions, name);
       }
     }
   }

@@ -13,14 +13,14 @@
 namespace remora_tool {
 
 struct Config {
-  std::string output_path = "./remora-output";   // REMORA_OUTPUT_PATH
-  int hz = 99;                                   // REMORA_SAMPLE_HZ
-  bool sampling = true;                          // REMORA_SAMPLING
-  bool tracing = true;                           // REMORA_TRACING
-  std::vector<std::string> functions;            // REMORA_TRACE_FUNCTIONS (reported names)
-  int signal = 0;                                // REMORA_SAMPLE_SIGNAL (0: pick one)
-  size_t max_events = 1000000;                   // REMORA_MAX_EVENTS
-  bool fold_threads = false;                     // REMORA_FOLD_THREADS
+  std::string output_path = "./remora-output";  // REMORA_OUTPUT_PATH
+  int hz = 99;                                  // REMORA_SAMPLE_HZ
+  bool sampling = true;                         // REMORA_SAMPLING
+  bool tracing = true;                          // REMORA_TRACING
+  std::vector<std::string> functions;           // REMORA_TRACE_FUNCTIONS (reported names)
+  int signal = 0;                               // REMORA_SAMPLE_SIGNAL (0: pick one)
+  size_t max_events = 1000000;                  // REMORA_MAX_EVENTS
+  bool fold_threads = false;                    // REMORA_FOLD_THREADS
 };
 
 // Names traced when REMORA_TRACE_FUNCTIONS is unset.

@@ -43,21 +43,21 @@ struct Profile {
   int hz = 0;
   int signal = 0;
   bool sampling = false, tracing = false;
-  bool fold_threads = false;            // folded stacks start with the thread
+  bool fold_threads = false;  // folded stacks start with the thread
 
-  std::map<int32_t, std::string> threads;            // tid -> name
-  std::vector<std::string> fn_names;                 // traced function names, by id
-  std::vector<std::vector<uint64_t>> raw_stacks;     // PCs, leaf first
-  std::vector<std::vector<std::string>> stacks;      // symbolised, root first
+  std::map<int32_t, std::string> threads;                          // tid -> name
+  std::vector<std::string> fn_names;                               // traced function names, by id
+  std::vector<std::vector<uint64_t>> raw_stacks;                   // PCs, leaf first
+  std::vector<std::vector<std::string>> stacks;                    // symbolised, root first
   std::map<std::pair<int32_t, uint32_t>, uint64_t> stack_weights;  // (tid, stack) -> samples
-  std::vector<SampleEvent> samples;                  // for the timeline (capped)
-  std::vector<CallEvent> calls;                      // for the timeline (capped)
-  std::vector<FuncStat> func_stats;                  // every call, not capped
-  std::vector<CallEvent> slowest_calls;              // the 10 longest calls, longest first
-  uint64_t samples_total = 0;                        // weights, every sample
-  uint64_t samples_dropped = 0;                      // rings full
-  uint64_t calls_dropped = 0;                        // rings full (still counted in func_stats)
-  uint64_t events_capped = 0;                        // left out of trace.json by REMORA_MAX_EVENTS
+  std::vector<SampleEvent> samples;                                // for the timeline (capped)
+  std::vector<CallEvent> calls;                                    // for the timeline (capped)
+  std::vector<FuncStat> func_stats;                                // every call, not capped
+  std::vector<CallEvent> slowest_calls;                            // the 10 longest calls, longest first
+  uint64_t samples_total = 0;                                      // weights, every sample
+  uint64_t samples_dropped = 0;                                    // rings full
+  uint64_t calls_dropped = 0;                                      // rings full (still counted in func_stats)
+  uint64_t events_capped = 0;  // left out of trace.json by REMORA_MAX_EVENTS
   uint32_t patched_slots = 0;
   std::vector<std::string> warnings;
 };
@@ -70,9 +70,9 @@ bool write_stats_csv(const Profile& p, FILE* out);
 bool write_summary(const Profile& p, const std::string& dir, FILE* out);
 
 // Helpers, exposed for the tests.
-std::string json_escape(const std::string& s);   // without the quotes; invalid UTF-8 becomes U+FFFD
+std::string json_escape(const std::string& s);  // without the quotes; invalid UTF-8 becomes U+FFFD
 std::string xml_escape(const std::string& s);
-std::string csv_field(const std::string& s);     // quoted when needed (RFC 4180)
+std::string csv_field(const std::string& s);  // quoted when needed (RFC 4180)
 // "frame;frame;frame" -> count, merged over threads unless fold_threads.
 std::map<std::string, uint64_t> folded_stacks(const Profile& p);
 

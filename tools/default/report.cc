@@ -56,10 +56,14 @@ double rel_us(const Profile& p, uint64_t ns) {
 
 std::string fmt_duration(uint64_t ns) {
   char buf[64];
-  if (ns >= 1000000000ull) snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(ns) / 1e9);
-  else if (ns >= 1000000ull) snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
-  else if (ns >= 1000ull) snprintf(buf, sizeof buf, "%.3f us", static_cast<double>(ns) / 1e3);
-  else snprintf(buf, sizeof buf, "%" PRIu64 " ns", ns);
+  if (ns >= 1000000000ull)
+    snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(ns) / 1e9);
+  else if (ns >= 1000000ull)
+    snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
+  else if (ns >= 1000ull)
+    snprintf(buf, sizeof buf, "%.3f us", static_cast<double>(ns) / 1e3);
+  else
+    snprintf(buf, sizeof buf, "%" PRIu64 " ns", ns);
   return buf;
 }
 
@@ -136,8 +140,10 @@ std::string xml_escape(const std::string& raw) {
       case '\'': out += "&apos;"; break;
       default:
         // XML 1.0 allows no control characters but tab, newline, return.
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') out += '?';
-        else out += ch;
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
+          out += '?';
+        else
+          out += ch;
     }
   }
   return out;
@@ -175,15 +181,19 @@ std::map<std::string, uint64_t> folded_stacks(const Profile& p) {
 }
 
 bool write_trace_json(const Profile& p, FILE* out) {
-  fprintf(out, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"tool\":\"remora\",\"pid\":%d,\"session\":%" PRIu64
-               ",\"sample_hz\":%d},\n\"traceEvents\":[\n",
+  fprintf(out,
+          "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"tool\":\"remora\",\"pid\":%d,\"session\":%" PRIu64
+          ",\"sample_hz\":%d},\n\"traceEvents\":[\n",
           p.pid, p.session, p.sampling ? p.hz : 0);
   std::string comm = json_escape(p.comm);
-  fprintf(out, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s (pid %d)\"}}",
-          p.pid, p.pid, comm.c_str(), p.pid);
+  fprintf(
+      out,
+      "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s (pid %d)\"}}",
+      p.pid, p.pid, comm.c_str(), p.pid);
   for (const auto& [tid, name] : p.threads) {
-    fprintf(out, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", p.pid,
-            tid, json_escape(name.empty() ? "thread" : name).c_str());
+    fprintf(out,
+            ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+            p.pid, tid, json_escape(name.empty() ? "thread" : name).c_str());
   }
   // Hundreds of thousands of calls are common: escape each name once and
   // format with snprintf into one buffer.
@@ -196,8 +206,8 @@ bool write_trace_json(const Profile& p, FILE* out) {
     const char* name = c.fn < fn_json.size() ? fn_json[c.fn].c_str() : "?";
     uint64_t ts_ns = c.start_ns >= p.start_ns ? c.start_ns - p.start_ns : 0;
     int n = snprintf(line, sizeof line,
-                     ",\n{\"name\":\"%s\",\"cat\":\"call\",\"ph\":\"X\",\"ts\":%" PRIu64 ".%03u,\"dur\":%" PRIu64
-                     ".%03u,\"pid\":%d,\"tid\":%d}",
+                     ",\n{\"name\":\"%s\",\"cat\":\"call\",\"ph\":\"X\",\"ts\":%" PRIu64
+                     ".%03u,\"dur\":%" PRIu64 ".%03u,\"pid\":%d,\"tid\":%d}",
                      name, ts_ns / 1000, static_cast<unsigned>(ts_ns % 1000), c.dur_ns / 1000,
                      static_cast<unsigned>(c.dur_ns % 1000), p.pid, c.tid);
     buf.append(line, static_cast<size_t>(std::min(n, static_cast<int>(sizeof line) - 1)));
@@ -217,10 +227,11 @@ bool write_trace_json(const Profile& p, FILE* out) {
       if (!stack.empty()) stack += ';';
       stack += frames[i];
     }
-    fprintf(out,
-            ",\n{\"name\":\"%s\",\"cat\":\"sample\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,"
-            "\"args\":{\"weight\":%u,\"stack\":\"%s\"}}",
-            json_escape(leaf).c_str(), rel_us(p, s.ts_ns), p.pid, s.tid, s.weight, json_escape(stack).c_str());
+    fprintf(
+        out,
+        ",\n{\"name\":\"%s\",\"cat\":\"sample\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,"
+        "\"args\":{\"weight\":%u,\"stack\":\"%s\"}}",
+        json_escape(leaf).c_str(), rel_us(p, s.ts_ns), p.pid, s.tid, s.weight, json_escape(stack).c_str());
   }
   fprintf(out, "\n]}\n");
   return ferror(out) == 0;
@@ -267,12 +278,14 @@ void emit(FILE* out, const Node& n, int depth, uint64_t offset, const SvgLayout&
   double x = l.pad + static_cast<double>(offset) * scale;
   double y = l.height() - 30 - (depth + 1) * l.frame_h;
   uint32_t h = name_hash(n.name);
-  int r = 205 + static_cast<int>(h % 50), g = static_cast<int>((h >> 8) % 180), b = static_cast<int>((h >> 16) % 55);
+  int r = 205 + static_cast<int>(h % 50), g = static_cast<int>((h >> 8) % 180),
+      b = static_cast<int>((h >> 16) % 55);
   std::string name = xml_escape(n.name);
   double pct = 100.0 * static_cast<double>(n.value) / l.total;
   fprintf(out,
           "<g class=\"f\" data-o=\"%" PRIu64 "\" data-v=\"%" PRIu64 "\" data-d=\"%d\"><title>%s (%" PRIu64
-          " samples, %.2f%%)</title><rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"rgb(%d,%d,%d)\" "
+          " samples, %.2f%%)</title><rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" "
+          "fill=\"rgb(%d,%d,%d)\" "
           "rx=\"2\"/><text x=\"%.2f\" y=\"%.1f\"></text></g>\n",
           offset, n.value, depth, name.c_str(), n.value, pct, x, y, w, l.frame_h - 1, r, g, b, x + 3,
           y + l.frame_h - 4.5);
@@ -416,17 +429,18 @@ bool write_flamegraph_svg(const Profile& p, FILE* out) {
 bool write_stats_csv(const Profile& p, FILE* out) {
   fprintf(out, "kind,name,calls,total_ns,mean_ns,max_ns,samples,inclusive_samples,share\n");
   std::vector<FuncStat> funcs = p.func_stats;
-  std::sort(funcs.begin(), funcs.end(), [](const FuncStat& a, const FuncStat& b) { return a.total_ns > b.total_ns; });
+  std::sort(funcs.begin(), funcs.end(),
+            [](const FuncStat& a, const FuncStat& b) { return a.total_ns > b.total_ns; });
   for (const FuncStat& f : funcs) {
     if (f.calls == 0) continue;
-    fprintf(out, "call,%s,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",,,\n", csv_field(f.name).c_str(), f.calls,
-            f.total_ns, f.total_ns / f.calls, f.max_ns);
+    fprintf(out, "call,%s,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",,,\n", csv_field(f.name).c_str(),
+            f.calls, f.total_ns, f.total_ns / f.calls, f.max_ns);
   }
   uint64_t total = 0;
   for (const auto& [_, w] : p.stack_weights) total += w;
   for (const SymbolCounts& s : symbol_counts(p)) {
-    fprintf(out, "sample,%s,,,,,%" PRIu64 ",%" PRIu64 ",%.6f\n", csv_field(s.name).c_str(), s.self, s.inclusive,
-            total ? static_cast<double>(s.self) / static_cast<double>(total) : 0.0);
+    fprintf(out, "sample,%s,,,,,%" PRIu64 ",%" PRIu64 ",%.6f\n", csv_field(s.name).c_str(), s.self,
+            s.inclusive, total ? static_cast<double>(s.self) / static_cast<double>(total) : 0.0);
   }
   return ferror(out) == 0;
 }
@@ -457,10 +471,12 @@ bool write_summary_raw(const Profile& p, const std::string& dir, FILE* out) {
   for (const auto& f : p.func_stats) calls += f.calls;
   uint64_t total = 0;
   for (const auto& [_, w] : p.stack_weights) total += w;
-  fprintf(out, "Remora profile of %s (pid %d), session %" PRIu64 ", %.2f s\n", p.comm.c_str(), p.pid, p.session, secs);
+  fprintf(out, "Remora profile of %s (pid %d), session %" PRIu64 ", %.2f s\n", p.comm.c_str(), p.pid,
+          p.session, secs);
   if (p.sampling)
-    fprintf(out, "  sampling: %d Hz of CPU time per thread (signal %d), %" PRIu64 " samples from %zu threads\n", p.hz,
-            p.signal, total, p.threads.size());
+    fprintf(out,
+            "  sampling: %d Hz of CPU time per thread (signal %d), %" PRIu64 " samples from %zu threads\n",
+            p.hz, p.signal, total, p.threads.size());
   else
     fprintf(out, "  sampling: off\n");
   if (p.tracing)
@@ -477,7 +493,8 @@ bool write_summary_raw(const Profile& p, const std::string& dir, FILE* out) {
       if (shown == 10 || s.self == 0) break;
       fprintf(out, "  %2d. %6.2f%%  %8" PRIu64 "  [%6.2f%%]  %s\n", ++shown,
               100.0 * static_cast<double>(s.self) / static_cast<double>(total ? total : 1), s.self,
-              100.0 * static_cast<double>(s.inclusive) / static_cast<double>(total ? total : 1), s.name.c_str());
+              100.0 * static_cast<double>(s.inclusive) / static_cast<double>(total ? total : 1),
+              s.name.c_str());
     }
     if (shown == 0) fprintf(out, "  (no samples: the process used no CPU while attached)\n");
   }
@@ -506,7 +523,8 @@ bool write_summary_raw(const Profile& p, const std::string& dir, FILE* out) {
   }
   if (p.samples_dropped || p.calls_dropped || p.events_capped)
     fprintf(out,
-            "\nDropped: %" PRIu64 " samples and %" PRIu64 " call records (per-thread buffers full; call counts "
+            "\nDropped: %" PRIu64 " samples and %" PRIu64
+            " call records (per-thread buffers full; call counts "
             "above are still exact); %" PRIu64 " events left out of trace.json (REMORA_MAX_EVENTS)\n",
             p.samples_dropped, p.calls_dropped, p.events_capped);
   if (!p.warnings.empty()) {

@@ -22,7 +22,9 @@ namespace {
 // CPUCLOCK_SCHED (2). pthread_getcpuclockid() needs a pthread_t, which a
 // thread found in /proc/self/task does not give us; the kernel accepts this
 // clock for any thread of the calling process.
-clockid_t thread_cpu_clock(int32_t tid) { return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6); }
+clockid_t thread_cpu_clock(int32_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6);
+}
 
 void handler(int, siginfo_t* si, void* ucv) {
   int saved_errno = errno;
@@ -132,8 +134,9 @@ bool Sampler::start(int hz, int forced, std::string* error) {
       chosen = sig;
   }
   if (chosen == 0) {
-    *error = "every real-time signal has a handler in this process: no signal left for sampling "
-             "(set REMORA_SAMPLING=0)";
+    *error =
+        "every real-time signal has a handler in this process: no signal left for sampling "
+        "(set REMORA_SAMPLING=0)";
     return false;
   }
   warm_up_unwinder();

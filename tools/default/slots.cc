@@ -153,7 +153,8 @@ void session_stop_and_quiesce() {
   // for live threads only, and not longer than a second in any case.
   uint64_t deadline = now_ns() + 1000000000ull;
   struct timespec pause = {0, 200000};
-  while (g_registering.load(std::memory_order_seq_cst) != 0 && now_ns() < deadline) nanosleep(&pause, nullptr);
+  while (g_registering.load(std::memory_order_seq_cst) != 0 && now_ns() < deadline)
+    nanosleep(&pause, nullptr);
   for (auto& s : g_slots) {
     while (s.busy.load(std::memory_order_seq_cst) != 0 && now_ns() < deadline) {
       int32_t tid = s.tid.load(std::memory_order_relaxed);

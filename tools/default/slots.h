@@ -29,17 +29,17 @@
 
 namespace remora_tool {
 
-constexpr uint32_t kMaxThreads = 4096;       // slots per session (hash table size)
-constexpr uint32_t kMaxFuncs = 96;           // traceable functions (see functions.def)
-constexpr uint32_t kMaxFrames = 127;         // PCs kept per sample
-constexpr uint32_t kSampleRingSize = 64;     // drained every 100 ms: 99 Hz needs ~10
-constexpr uint32_t kCallRingSize = 8192;     // calls per thread per 100 ms before dropping
+constexpr uint32_t kMaxThreads = 4096;    // slots per session (hash table size)
+constexpr uint32_t kMaxFuncs = 96;        // traceable functions (see functions.def)
+constexpr uint32_t kMaxFrames = 127;      // PCs kept per sample
+constexpr uint32_t kSampleRingSize = 64;  // drained every 100 ms: 99 Hz needs ~10
+constexpr uint32_t kCallRingSize = 8192;  // calls per thread per 100 ms before dropping
 
 struct SampleRec {
-  uint64_t ts_ns;                  // CLOCK_MONOTONIC
-  uint32_t nframes;                // pcs[0] is the interrupted PC, the rest return addresses
-  uint32_t weight;                 // 1 + timer overruns
-  std::atomic<uint64_t> seq;       // position + 1 once committed
+  uint64_t ts_ns;             // CLOCK_MONOTONIC
+  uint32_t nframes;           // pcs[0] is the interrupted PC, the rest return addresses
+  uint32_t weight;            // 1 + timer overruns
+  std::atomic<uint64_t> seq;  // position + 1 once committed
   uint64_t pcs[kMaxFrames];
 };
 
@@ -72,16 +72,16 @@ struct SlotMem {
 };
 
 struct Slot {
-  std::atomic<int32_t> tid;        // 0: free (open addressing by tid)
-  std::atomic<uint32_t> ready;     // mem initialised for this session
-  std::atomic<uint32_t> busy;      // producers inside a record on this slot
+  std::atomic<int32_t> tid;     // 0: free (open addressing by tid)
+  std::atomic<uint32_t> ready;  // mem initialised for this session
+  std::atomic<uint32_t> busy;   // producers inside a record on this slot
   uint32_t pad;
   SlotMem* mem;
 };
 
 // Global recording state.
 extern std::atomic<bool> g_active;
-extern std::atomic<uint32_t> g_gen;      // session generation, bumped at each attach
+extern std::atomic<uint32_t> g_gen;  // session generation, bumped at each attach
 extern Slot g_slots[kMaxThreads];
 
 // Marks the calling thread as the tool's own: nothing it does is recorded.
@@ -100,10 +100,10 @@ Slot* slot_enter_index(uint32_t index, uint32_t gen);
 inline void slot_leave(Slot* s) { s->busy.fetch_sub(1, std::memory_order_release); }
 
 // Session boundaries, called on the listener thread only.
-void session_begin();                 // reset the table, bump gen, set active
-void session_stop_and_quiesce();      // clear active, wait for producers to leave
+void session_begin();             // reset the table, bump gen, set active
+void session_stop_and_quiesce();  // clear active, wait for producers to leave
 
-uint64_t now_ns();                    // CLOCK_MONOTONIC, via the vDSO
+uint64_t now_ns();  // CLOCK_MONOTONIC, via the vDSO
 
 }  // namespace remora_tool
 

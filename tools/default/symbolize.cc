@@ -63,7 +63,8 @@ struct Symbolizer::Object {
           size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
           for (size_t k = 0; k < n; ++k) {
             int type = ELF64_ST_TYPE(sym[k].st_info);
-            if ((type != STT_FUNC && type != STT_GNU_IFUNC) || sym[k].st_shndx == SHN_UNDEF || sym[k].st_value == 0)
+            if ((type != STT_FUNC && type != STT_GNU_IFUNC) || sym[k].st_shndx == SHN_UNDEF ||
+                sym[k].st_value == 0)
               continue;
             if (sym[k].st_name >= strs.sh_size) continue;
             const char* nm = img + strs.sh_offset + sym[k].st_name;
@@ -84,7 +85,8 @@ struct Symbolizer::Object {
   const Sym* find(uintptr_t pc) {
     if (!loaded) load();
     uint64_t off = pc - base;
-    auto it = std::upper_bound(syms.begin(), syms.end(), off, [](uint64_t v, const Sym& s) { return v < s.value; });
+    auto it =
+        std::upper_bound(syms.begin(), syms.end(), off, [](uint64_t v, const Sym& s) { return v < s.value; });
     if (it == syms.begin()) return nullptr;
     // Among the symbols starting at or before `off`, the nearest that
     // contains it (aliases share a start).
@@ -116,7 +118,8 @@ std::string demangle(const char* name) {
 
 Symbolizer::Symbolizer() {
   Dl_info me;
-  if (dladdr(reinterpret_cast<void*>(&demangle), &me) != 0) self_base_ = reinterpret_cast<uintptr_t>(me.dli_fbase);
+  if (dladdr(reinterpret_cast<void*>(&demangle), &me) != 0)
+    self_base_ = reinterpret_cast<uintptr_t>(me.dli_fbase);
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) {
         auto* self = static_cast<std::vector<std::unique_ptr<Object>>*>(data);
@@ -135,7 +138,8 @@ Symbolizer::Symbolizer() {
         o->base = info->dlpi_addr;
         for (int i = 0; i < info->dlpi_phnum; ++i) {
           const auto& ph = info->dlpi_phdr[i];
-          if (ph.p_type == PT_LOAD) o->ranges.emplace_back(info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
+          if (ph.p_type == PT_LOAD)
+            o->ranges.emplace_back(info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
         }
         // The vDSO has no file: dladdr names its symbols.
         if (o->label.rfind("linux-vdso", 0) == 0 || o->label.rfind("linux-gate", 0) == 0) o->loaded = true;

@@ -13,6 +13,8 @@
 // by clone() or by objects we do not patch, and a new thread only matters
 // once it has used CPU time anyway; a rescan of a directory every 100 ms
 // costs microseconds and sees every thread of the process.
+#include "remora/tool.h"
+
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -36,7 +38,6 @@
 
 #include "config.h"
 #include "profile.h"
-#include "remora/tool.h"
 #include "sampler.h"
 #include "slots.h"
 #include "symbolize.h"
@@ -56,11 +57,11 @@ namespace {
 
 // Return values of tool_attach / tool_detach (docs/tool.md).
 enum : int {
-  kErrConfig = 10,       // an environment variable has an invalid value
-  kErrOutputPath = 11,   // REMORA_OUTPUT_PATH cannot be created
-  kErrSampling = 12,     // no signal for sampling
-  kErrState = 13,        // attach while attached / detach while detached
-  kErrWrite = 14,        // an output file could not be written
+  kErrConfig = 10,      // an environment variable has an invalid value
+  kErrOutputPath = 11,  // REMORA_OUTPUT_PATH cannot be created
+  kErrSampling = 12,    // no signal for sampling
+  kErrState = 13,       // attach while attached / detach while detached
+  kErrWrite = 14,       // an output file could not be written
 };
 
 struct Tool {
@@ -140,7 +141,8 @@ void scan_threads(Tool& t, bool refresh_names) {
     }
     if (!is_new && (!t.cfg.sampling || t.sampler.has_thread(tid))) continue;
     int slot = claim_slot(tid, gen);
-    if (slot >= 0 && t.cfg.sampling && t.sampler.running()) t.sampler.add_thread(tid, static_cast<uint32_t>(slot), gen);
+    if (slot >= 0 && t.cfg.sampling && t.sampler.running())
+      t.sampler.add_thread(tid, static_cast<uint32_t>(slot), gen);
   }
   for (int32_t tid : t.live)
     if (now.count(tid) == 0) t.sampler.remove_thread(tid);
@@ -149,7 +151,8 @@ void scan_threads(Tool& t, bool refresh_names) {
 
 uint32_t intern_stack(Tool& t, const uint64_t* pcs, uint32_t n) {
   std::string key(reinterpret_cast<const char*>(pcs), n * sizeof(uint64_t));
-  auto [it, inserted] = t.stack_ids.emplace(std::move(key), static_cast<uint32_t>(t.profile.raw_stacks.size()));
+  auto [it, inserted] =
+      t.stack_ids.emplace(std::move(key), static_cast<uint32_t>(t.profile.raw_stacks.size()));
   if (inserted) t.profile.raw_stacks.emplace_back(pcs, pcs + n);
   return it->second;
 }
@@ -180,8 +183,10 @@ void drain(Tool& t) {
       uint32_t id = intern_stack(t, r.pcs, n);
       p.stack_weights[{tid, id}] += r.weight;
       p.samples_total += r.weight;
-      if (p.samples.size() + p.calls.size() < t.cfg.max_events) p.samples.push_back({tid, r.weight, id, r.ts_ns});
-      else ++p.events_capped;
+      if (p.samples.size() + p.calls.size() < t.cfg.max_events)
+        p.samples.push_back({tid, r.weight, id, r.ts_ns});
+      else
+        ++p.events_capped;
     }
     m->sample_tail.store(tail, std::memory_order_release);
 
@@ -192,8 +197,10 @@ void drain(Tool& t) {
       if (r.seq.load(std::memory_order_acquire) != tail + 1) break;
       CallEvent c{tid, r.fn, r.start_ns, r.dur_ns};
       note_slow_call(p, c);
-      if (p.samples.size() + p.calls.size() < t.cfg.max_events) p.calls.push_back(c);
-      else ++p.events_capped;
+      if (p.samples.size() + p.calls.size() < t.cfg.max_events)
+        p.calls.push_back(c);
+      else
+        ++p.events_capped;
     }
     m->call_tail.store(tail, std::memory_order_release);
   }
@@ -246,8 +253,10 @@ void stop_collector(Tool& t, bool join) {
   t.stop.store(true, std::memory_order_release);
   uint64_t one = 1;
   (void)!write(t.wake_fd, &one, sizeof one);
-  if (join) pthread_join(t.collector, nullptr);
-  else pthread_detach(t.collector);
+  if (join)
+    pthread_join(t.collector, nullptr);
+  else
+    pthread_detach(t.collector);
   t.collector_running = false;
 }
 
@@ -289,7 +298,8 @@ bool make_dirs(const std::string& path, std::string* error) {
 std::string safe_comm(const std::string& comm) {
   std::string s = comm.empty() ? "process" : comm;
   for (char& c : s)
-    if (c == '/' || c == ' ' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '_';
+    if (c == '/' || c == ' ' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+      c = '_';
   return s;
 }
 
@@ -354,11 +364,16 @@ int write_outputs(Tool& t) {
     log_error("detach: " + error + " (REMORA_OUTPUT_PATH=" + t.cfg.output_path + ")");
     return kErrWrite;
   }
-  bool ok = write_file(dir + "/trace.json", [&](FILE* f) { return write_trace_json(p, f); }, &error) &&
-            write_file(dir + "/folded.txt", [&](FILE* f) { return write_folded(p, f); }, &error) &&
-            write_file(dir + "/flamegraph.svg", [&](FILE* f) { return write_flamegraph_svg(p, f); }, &error) &&
-            write_file(dir + "/stats.csv", [&](FILE* f) { return write_stats_csv(p, f); }, &error) &&
-            write_file(dir + "/summary.txt", [&](FILE* f) { return write_summary(p, dir, f); }, &error);
+  bool ok = write_file(
+                dir + "/trace.json", [&](FILE* f) { return write_trace_json(p, f); }, &error) &&
+            write_file(
+                dir + "/folded.txt", [&](FILE* f) { return write_folded(p, f); }, &error) &&
+            write_file(
+                dir + "/flamegraph.svg", [&](FILE* f) { return write_flamegraph_svg(p, f); }, &error) &&
+            write_file(
+                dir + "/stats.csv", [&](FILE* f) { return write_stats_csv(p, f); }, &error) &&
+            write_file(
+                dir + "/summary.txt", [&](FILE* f) { return write_summary(p, dir, f); }, &error);
   snprintf(remora_default_tool_last_output, sizeof remora_default_tool_last_output, "%s", dir.c_str());
   // <comm>-<pid>-latest -> the newest session directory of this process.
   std::string link = t.cfg.output_path + "/" + safe_comm(p.comm) + "-" + std::to_string(p.pid) + "-latest";
@@ -539,7 +554,8 @@ void atfork_child() {
   t.profile.slowest_calls.clear();
 }
 
-remora_tool_configure_result_t g_conf = {sizeof(remora_tool_configure_result_t), 0, tool_init, tool_fini, nullptr};
+remora_tool_configure_result_t g_conf = {sizeof(remora_tool_configure_result_t), 0, tool_init, tool_fini,
+                                         nullptr};
 remora_tool_configure_attach_result_t g_conf_attach = {sizeof(remora_tool_configure_attach_result_t), 0,
                                                        tool_attach, tool_detach};
 
@@ -574,7 +590,8 @@ REMORA_TOOL_EXPORT int remora_default_tool_debug_slots(void (*cb)(void* ctx, voi
   if (g_tool == nullptr) return 0;
   std::lock_guard<std::mutex> lock(g_tool->mu);
   const auto& slots = g_tool->attached ? g_tool->tracer.slots() : g_tool->tracer.last_slots();
-  for (const auto& s : slots) cb(ctx, s.slot, s.original, s.wrapper, remora_fn_table[s.fn].symbol, s.object.c_str());
+  for (const auto& s : slots)
+    cb(ctx, s.slot, s.original, s.wrapper, remora_fn_table[s.fn].symbol, s.object.c_str());
   return static_cast<int>(slots.size());
 }
 

@@ -129,16 +129,16 @@ uintptr_t self_base() {
 }
 
 struct DynInfo {
-  const ElfW(Sym)* symtab = nullptr;
+  const ElfW(Sym) * symtab = nullptr;
   const char* strtab = nullptr;
-  const ElfW(Rela)* jmprel = nullptr;
+  const ElfW(Rela) * jmprel = nullptr;
   size_t jmprel_size = 0;
   bool pltrel_is_rela = true;
-  const ElfW(Rela)* rela = nullptr;
+  const ElfW(Rela) * rela = nullptr;
   size_t rela_size = 0;
   size_t rela_ent = sizeof(ElfW(Rela));
-  const ElfW(Versym)* versym = nullptr;
-  const ElfW(Verneed)* verneed = nullptr;
+  const ElfW(Versym) * versym = nullptr;
+  const ElfW(Verneed) * verneed = nullptr;
   size_t verneed_num = 0;
 };
 
@@ -186,7 +186,8 @@ const char* required_version(const DynInfo& d, uint32_t symidx) {
   if (v < 2) return nullptr;
   const ElfW(Verneed)* vn = d.verneed;
   for (size_t i = 0; i < d.verneed_num; ++i) {
-    const ElfW(Vernaux)* aux = reinterpret_cast<const ElfW(Vernaux)*>(reinterpret_cast<const char*>(vn) + vn->vn_aux);
+    const ElfW(Vernaux)* aux =
+        reinterpret_cast<const ElfW(Vernaux)*>(reinterpret_cast<const char*>(vn) + vn->vn_aux);
     for (unsigned j = 0; j < vn->vn_cnt; ++j) {
       if (aux->vna_other == v) return d.strtab + aux->vna_name;
       aux = reinterpret_cast<const ElfW(Vernaux)*>(reinterpret_cast<const char*>(aux) + aux->vna_next);
@@ -218,8 +219,8 @@ struct PatchPass {
   unsigned long long adds = 0, subs = 0;
 };
 
-void patch_relocs(PatchPass& p, const dl_phdr_info* info, const DynInfo& d, const ElfW(Rela)* rel, size_t size,
-                  size_t ent, const std::string& obj, std::vector<MapRange>* maps) {
+void patch_relocs(PatchPass& p, const dl_phdr_info* info, const DynInfo& d, const ElfW(Rela) * rel,
+                  size_t size, size_t ent, const std::string& obj, std::vector<MapRange>* maps) {
   if (rel == nullptr || d.symtab == nullptr || d.strtab == nullptr || ent == 0) return;
   size_t n = size / ent;
   for (size_t i = 0; i < n; ++i) {
@@ -238,7 +239,8 @@ void patch_relocs(PatchPass& p, const dl_phdr_info* info, const DynInfo& d, cons
     if (const char* ver = required_version(d, symidx)) {
       void* versioned = dlvsym(RTLD_DEFAULT, name, ver);
       if (versioned != nullptr && versioned != real) {
-        p.warnings->push_back(obj + ": " + name + "@" + ver + " is not the default version; not traced there");
+        p.warnings->push_back(obj + ": " + name + "@" + ver +
+                              " is not the default version; not traced there");
         continue;
       }
     }
@@ -273,7 +275,8 @@ int patch_callback(dl_phdr_info* info, size_t, void* data) {
   if (info->dlpi_addr == p.self && info->dlpi_addr != 0) return 0;
   if (skipped_object(base_name(obj.c_str()))) return 0;
   std::pair<uintptr_t, std::string> key{info->dlpi_addr, obj};
-  if (std::find(p.patched_objects->begin(), p.patched_objects->end(), key) != p.patched_objects->end()) return 0;
+  if (std::find(p.patched_objects->begin(), p.patched_objects->end(), key) != p.patched_objects->end())
+    return 0;
   p.patched_objects->push_back(key);
   DynInfo d = read_dynamic(info);
   std::vector<MapRange> maps;
@@ -323,7 +326,9 @@ void Tracer::configure(const std::vector<std::string>& names, std::vector<std::s
       if (remora_fn_real[i] == nullptr) __atomic_store_n(&remora_fn_real[i], real, __ATOMIC_RELEASE);
       enabled_[i] = remora_fn_real[i] == real;
     }
-    if (!known) warnings->push_back("REMORA_TRACE_FUNCTIONS: " + name + " cannot be traced (not in the list of supported functions; see docs/tool.md)");
+    if (!known)
+      warnings->push_back("REMORA_TRACE_FUNCTIONS: " + name +
+                          " cannot be traced (not in the list of supported functions; see docs/tool.md)");
   }
 }
 

@@ -21,6 +21,8 @@
  * thread may still be inside a wrapper, blocked in read(), when the session
  * ends. */
 #define _GNU_SOURCE
+#include "wrappers.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -42,15 +44,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "wrappers.h"
-
 /* glibc's fortified entry points, declared by its headers only under
  * _FORTIFY_SOURCE; these are their exact prototypes. */
 extern ssize_t __read_chk(int fd, void* buf, size_t n, size_t len);
 extern ssize_t __pread_chk(int fd, void* buf, size_t n, off_t off, size_t len);
 extern ssize_t __recv_chk(int fd, void* buf, size_t n, size_t len, int flags);
-extern ssize_t __recvfrom_chk(int fd, void* __restrict buf, size_t n, size_t len, int flags, __SOCKADDR_ARG addr,
-                              socklen_t* __restrict alen);
+extern ssize_t __recvfrom_chk(int fd, void* __restrict buf, size_t n, size_t len, int flags,
+                              __SOCKADDR_ARG addr, socklen_t* __restrict alen);
 extern int __poll_chk(struct pollfd* fds, nfds_t n, int timeout, __SIZE_TYPE__ len);
 extern int __ppoll_chk(struct pollfd* fds, nfds_t n, const struct timespec* t, const __sigset_t* m,
                        __SIZE_TYPE__ len);
@@ -79,29 +79,29 @@ static inline uint64_t clock_ns(void) {
 /* The common body: time the real call, record it, keep errno as the real
  * call left it. The real pointer is read once (it never changes after the
  * first patch of a session, but a relaxed atomic load says so). */
-#define FN(sym, as, def, ret, params, args)                                                   \
-  static ret wrap_##sym params {                                                              \
-    __typeof__(sym)* real = (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], \
-                                                              __ATOMIC_RELAXED);              \
-    uint64_t t0 = clock_ns();                                                                 \
-    ret remora_result_ = real args;                                                                        \
-    int saved = errno;                                                                        \
-    remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                      \
-    errno = saved;                                                                            \
-    return remora_result_;                                                                    \
-  }                                                                                           \
-  /* The compiler checks the prototype against the C library's declaration. */                \
+#define FN(sym, as, def, ret, params, args)                                                    \
+  static ret wrap_##sym params {                                                               \
+    __typeof__(sym)* real =                                                                    \
+        (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], __ATOMIC_RELAXED); \
+    uint64_t t0 = clock_ns();                                                                  \
+    ret remora_result_ = real args;                                                            \
+    int saved = errno;                                                                         \
+    remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                       \
+    errno = saved;                                                                             \
+    return remora_result_;                                                                     \
+  }                                                                                            \
+  /* The compiler checks the prototype against the C library's declaration. */                 \
   static __typeof__(sym)* const check_##sym __attribute__((unused)) = wrap_##sym;
-#define FNV(sym, as, def, params, args)                                                       \
-  static void wrap_##sym params {                                                             \
-    __typeof__(sym)* real = (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], \
-                                                              __ATOMIC_RELAXED);              \
-    uint64_t t0 = clock_ns();                                                                 \
-    real args;                                                                                \
-    int saved = errno;                                                                        \
-    remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                      \
-    errno = saved;                                                                            \
-  }                                                                                           \
+#define FNV(sym, as, def, params, args)                                                        \
+  static void wrap_##sym params {                                                              \
+    __typeof__(sym)* real =                                                                    \
+        (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], __ATOMIC_RELAXED); \
+    uint64_t t0 = clock_ns();                                                                  \
+    real args;                                                                                 \
+    int saved = errno;                                                                         \
+    remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                       \
+    errno = saved;                                                                             \
+  }                                                                                            \
   static __typeof__(sym)* const check_##sym __attribute__((unused)) = wrap_##sym;
 /* A mutex that is free costs no wait, and tracing every uncontended
  * acquisition doubled the CPU of lock-heavy code (two clock reads and a
@@ -109,19 +109,19 @@ static inline uint64_t clock_ns(void) {
  * first and records only acquisitions that had to wait. trylock returns
  * exactly what lock would for an owner-dead (EOWNERDEAD, lock taken) or
  * unrecoverable robust mutex; only EBUSY goes on to the timed real call. */
-#define FNL(sym, as, def, ret, params, args)                                                  \
-  static ret wrap_##sym params {                                                              \
-    int remora_try_ = pthread_mutex_trylock args;                                             \
-    if (remora_try_ != EBUSY) return remora_try_;                                             \
-    __typeof__(sym)* real = (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], \
-                                                              __ATOMIC_RELAXED);              \
-    uint64_t t0 = clock_ns();                                                                 \
-    ret remora_result_ = real args;                                                           \
-    int saved = errno;                                                                        \
-    remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                      \
-    errno = saved;                                                                            \
-    return remora_result_;                                                                    \
-  }                                                                                           \
+#define FNL(sym, as, def, ret, params, args)                                                   \
+  static ret wrap_##sym params {                                                               \
+    int remora_try_ = pthread_mutex_trylock args;                                              \
+    if (remora_try_ != EBUSY) return remora_try_;                                              \
+    __typeof__(sym)* real =                                                                    \
+        (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], __ATOMIC_RELAXED); \
+    uint64_t t0 = clock_ns();                                                                  \
+    ret remora_result_ = real args;                                                            \
+    int saved = errno;                                                                         \
+    remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                       \
+    errno = saved;                                                                             \
+    return remora_result_;                                                                     \
+  }                                                                                            \
   static __typeof__(sym)* const check_##sym __attribute__((unused)) = wrap_##sym;
 #include "functions.def"
 #undef FN
@@ -140,7 +140,8 @@ static int wrap_open(const char* path, int flags, ...) {
     mode = va_arg(ap, mode_t);
     va_end(ap);
   }
-  __typeof__(open)* real = (__typeof__(open)*)__atomic_load_n(&remora_fn_real[REMORA_FN_open], __ATOMIC_RELAXED);
+  __typeof__(open)* real =
+      (__typeof__(open)*)__atomic_load_n(&remora_fn_real[REMORA_FN_open], __ATOMIC_RELAXED);
   uint64_t t0 = clock_ns();
   int r = real(path, flags, mode);
   int saved = errno;

@@ -10,8 +10,8 @@ extern "C" {
 #endif
 
 struct remora_fn_entry {
-  const char* symbol;       /* the dynamic symbol whose GOT slots are patched */
-  const char* reported_as;  /* the name in the outputs and in REMORA_TRACE_FUNCTIONS */
+  const char* symbol;      /* the dynamic symbol whose GOT slots are patched */
+  const char* reported_as; /* the name in the outputs and in REMORA_TRACE_FUNCTIONS */
   void* wrapper;
   int on_by_default;
 };
