@@ -4,7 +4,11 @@
 //   tree of 32     attach_tree over a parent with 31 children, fresh processes
 //   in-process     the floor of any injector: a fresh process that loads the
 //                  agent and attaches the tool itself (dlopen, the agent's
-//                  listener thread, the tool's dlopen and hooks), no ptrace
+//                  listener thread, the tool's dlopen and hooks), no ptrace;
+//                  alone, and 32 of them, one per CPU at a time
+// Every target and floor process is this program run again in a role
+// ("--hold", "--load"): fresh processes, as services are, that share no
+// copy-on-write memory with the bench.
 // The payload is the smallest tool there is (the test hook tool with no log
 // file), so the figures are Remora's own cost.
 #include <dlfcn.h>
@@ -60,6 +64,19 @@ struct Tree {
   }
 };
 
+// Targets are fresh programs, as services are: each process of a tree is
+// this executable run again in its "--hold" role (see hold_main), so no
+// target shares copy-on-write memory with the bench.
+[[noreturn]] void exec_role(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  static char name[] = "remora-bench-attach";
+  argv.push_back(name);
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  _exit(127);
+}
+
 void spawn_tree(Tree& t, int children) {
   int ready[2], hold[2];
   if (pipe(ready) || pipe(hold)) die("pipe");
@@ -69,21 +86,12 @@ void spawn_tree(Tree& t, int children) {
     setpgid(0, 0);
     close(ready[0]);
     close(hold[1]);
+    const std::vector<std::string> role = {"--hold", std::to_string(ready[1]), std::to_string(hold[0])};
     for (int i = 0; i < children; ++i) {
       pid_t c = fork();
-      if (c == 0) {
-        char b;
-        (void)!write(ready[1], "c", 1);
-        (void)!read(hold[0], &b, 1);
-        _exit(0);
-      }
+      if (c == 0) exec_role(role);
     }
-    char b;
-    (void)!write(ready[1], "r", 1);
-    (void)!read(hold[0], &b, 1);
-    while (wait(nullptr) > 0) {
-    }
-    _exit(0);
+    exec_role(role);  // the root too: it stays the children's parent
   }
   close(ready[1]);
   close(hold[0]);
@@ -97,80 +105,80 @@ void spawn_tree(Tree& t, int children) {
   }
 }
 
-// The same work done by the process itself, timed inside a fresh child:
-// dlopen the agent (its constructor starts the listener), then attach the
-// tool through the agent's own entry point. What a remote attach adds is
-// the difference.
-double in_process_us(const std::string& agent, const std::string& tool) {
-  int fds[2];
-  if (pipe(fds)) die("pipe");
-  pid_t pid = fork();
-  if (pid < 0) die("fork");
-  if (pid == 0) {
-    close(fds[0]);
-    auto t0 = Clock::now();
-    void* h = dlopen(agent.c_str(), RTLD_NOW | RTLD_NODELETE);
-    using AttachFn = int (*)(const void*, const char*);
-    auto attach = h ? reinterpret_cast<AttachFn>(dlsym(h, "remora_agent_attach")) : nullptr;
-    double us = attach && attach(nullptr, tool.c_str()) == 0 ? us_since(t0) : -1;
-    (void)!write(fds[1], &us, sizeof us);
-    _exit(0);
-  }
-  close(fds[1]);
-  double us = -1;
-  if (read(fds[0], &us, sizeof us) != sizeof us || us < 0) die("in-process load failed");
-  close(fds[0]);
-  waitpid(pid, nullptr, 0);
-  return us;
+// "--hold READY HOLD": a target. Says it is up, then blocks in read(2)
+// until the bench goes away.
+int hold_main(int ready_fd, int hold_fd) {
+  char b = 'c';
+  (void)!write(ready_fd, &b, 1);
+  (void)!read(hold_fd, &b, 1);
+  return 0;
 }
 
-// The same for 32 fresh processes: each loads the agent and attaches the
-// tool itself when told to go, as many at a time as there are CPUs (a new
-// one goes when one is done); the time from the first "go" to the last one
-// done. No injector can attach 32 processes faster than they can load the
-// same libraries themselves.
-double tree_in_process_ms(const std::string& agent, const std::string& tool, int count) {
-  int go[2], done[2];
-  if (pipe(go) || pipe(done)) die("pipe");
+// "--load READY GO DONE AGENT TOOL": the in-process floor. Says it is up,
+// waits for "go", then loads the agent (its constructor starts the
+// listener) and attaches the tool through the agent's own entry point, and
+// reports the time that took.
+int load_main(int ready_fd, int go_fd, int done_fd, const char* agent, const char* tool) {
+  char b = 'r';
+  (void)!write(ready_fd, &b, 1);
+  if (read(go_fd, &b, 1) != 1) return 1;
+  auto t0 = Clock::now();
+  void* h = dlopen(agent, RTLD_NOW | RTLD_NODELETE);
+  using AttachFn = int (*)(const void*, const char*);
+  auto attach = h ? reinterpret_cast<AttachFn>(dlsym(h, "remora_agent_attach")) : nullptr;
+  double us = attach && attach(nullptr, tool) == 0 ? us_since(t0) : -1;
+  (void)!write(done_fd, &us, sizeof us);
+  return 0;
+}
+
+// Runs `count` fresh "--load" processes, as many at a time as there are
+// CPUs (a new one goes when one is done), once all are up. Returns each
+// one's own time (us) and the wall time from the first "go" to the last
+// report (us). No injector can attach processes faster than they can load
+// the same libraries themselves.
+std::pair<std::vector<double>, double> in_process(const std::string& agent, const std::string& tool, int count) {
+  int ready[2], go[2], done[2];
+  if (pipe(ready) || pipe(go) || pipe(done)) die("pipe");
   std::vector<pid_t> kids;
   for (int i = 0; i < count; ++i) {
     pid_t pid = fork();
     if (pid < 0) die("fork");
-    if (pid == 0) {
-      close(go[1]);
-      close(done[0]);
-      char b;
-      if (read(go[0], &b, 1) != 1) _exit(1);
-      void* h = dlopen(agent.c_str(), RTLD_NOW | RTLD_NODELETE);
-      using AttachFn = int (*)(const void*, const char*);
-      auto attach = h ? reinterpret_cast<AttachFn>(dlsym(h, "remora_agent_attach")) : nullptr;
-      char ok = attach && attach(nullptr, tool.c_str()) == 0 ? 'y' : 'n';
-      (void)!write(done[1], &ok, 1);
-      _exit(0);
-    }
+    if (pid == 0)
+      exec_role({"--load", std::to_string(ready[1]), std::to_string(go[0]), std::to_string(done[1]), agent, tool});
     kids.push_back(pid);
   }
+  close(ready[1]);
   close(go[0]);
   close(done[1]);
+  for (int up = 0; up < count; ++up) {
+    char b;
+    if (read(ready[0], &b, 1) != 1) die("in-process loader did not start");
+  }
   const int width = std::max(1, std::min(count, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))));
   auto t0 = Clock::now();
   std::string first(static_cast<size_t>(width), 'g');
   if (write(go[1], first.data(), first.size()) != width) die("write");
+  std::vector<double> each;
   for (int got = 0; got < count; ++got) {
-    char ok;
-    if (read(done[0], &ok, 1) != 1 || ok != 'y') die("in-process load failed");
+    double us = -1;
+    if (read(done[0], &us, sizeof us) != sizeof us || us < 0) die("in-process load failed");
+    each.push_back(us);
     if (got + width < count && write(go[1], "g", 1) != 1) die("write");
   }
-  double us = us_since(t0);
+  double wall = us_since(t0);
+  close(ready[0]);
   close(go[1]);
   close(done[0]);
   for (pid_t k : kids) waitpid(k, nullptr, 0);
-  return us / 1000;
+  return {each, wall};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--hold") == 0) return hold_main(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (argc == 7 && std::strcmp(argv[1], "--load") == 0)
+    return load_main(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5], argv[6]);
   if (argc < 3) die("usage: remora-bench-attach AGENT TOOL [CYCLES]");
   int cycles = argc > 3 ? std::atoi(argv[3]) : 200;
   AttachOptions opts;
@@ -178,7 +186,7 @@ int main(int argc, char** argv) {
   opts.tools = {argv[2]};
 
   std::vector<double> floor;
-  for (int i = 0; i < 15; ++i) floor.push_back(in_process_us(opts.agent_path, opts.tools[0]));
+  for (int i = 0; i < 15; ++i) floor.push_back(in_process(opts.agent_path, opts.tools[0], 1).first.at(0));
 
   std::vector<double> first;
   for (int i = 0; i < 15; ++i) {
@@ -209,7 +217,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<double> tree_floor;
-  for (int i = 0; i < 3; ++i) tree_floor.push_back(tree_in_process_ms(opts.agent_path, opts.tools[0], 32));
+  for (int i = 0; i < 3; ++i) tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second / 1000);
 
   std::vector<double> tree32;
   for (int i = 0; i < 3; ++i) {
