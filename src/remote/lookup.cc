@@ -256,21 +256,24 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
   return LoadedImage{std::move(image), bias, route};
 }
 
+Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem, const LookupOptions& opts,
+                               ImageMemo* memo) {
+  if (memo == nullptr) return load_image(pid, lib, mem, opts);
+  const procfs::MapEntry* hdr = header_mapping(lib);
+  auto key = std::make_tuple(lib.dev, lib.inode, hdr ? hdr->start : 0);
+  if (auto it = memo->find(key); it != memo->end()) return it->second;
+  LoadedImage loaded = REMORA_TRY(load_image(pid, lib, mem, opts));
+  (*memo)[key] = loaded;
+  return loaded;
+}
+
 namespace {
 
 Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibrary& lib,
                                  std::string_view symbol, const LookupOptions& opts, bool want_code,
                                  bool* found, ImageMemo* memo) {
   *found = false;
-  const procfs::MapEntry* hdr = header_mapping(lib);
-  auto key = std::make_tuple(lib.dev, lib.inode, hdr ? hdr->start : 0);
-  LoadedImage loaded;
-  if (auto it = memo ? memo->find(key) : ImageMemo::iterator{}; memo && it != memo->end()) {
-    loaded = it->second;
-  } else {
-    loaded = REMORA_TRY(load_image(pid, lib, mem, opts));
-    if (memo) (*memo)[key] = loaded;
-  }
+  LoadedImage loaded = REMORA_TRY(load_image(pid, lib, mem, opts, memo));
   auto sym = loaded.image->find_symbol(symbol);
   if (!sym) return ResolvedSymbol{};
   *found = true;

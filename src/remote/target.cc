@@ -582,12 +582,13 @@ Result<Gadgets> Target::Impl::find_gadgets() {
                  "process " + std::to_string(pid) +
                      " is statically linked (no dynamic loader, no libc.so): Remora calls "
                      "through the target's shared libc and cannot call into it");
-  auto maps = REMORA_TRY(procfs::read_maps(pid));
+  auto maps = REMORA_TRY(maps_for_lookup());
   auto libc = find_library(pid, maps, "libc.so.6");
   if (!libc)
     return Error(Errc::kNotSupported, "process " + std::to_string(pid) +
                                           " has no glibc (libc.so.6) mapped; remote calls need it for now");
-  auto loaded = REMORA_TRY(load_image(pid, *libc, mem, lookup_options));
+  // Usually known already: libc's functions were looked up first.
+  auto loaded = REMORA_TRY(load_image(pid, *libc, mem, lookup_options, &images));
   // The gadgets' offsets in one libc build are the same in every process
   // that maps it: remember them per image, keyed like the image cache.
   static std::mutex cache_mu;
