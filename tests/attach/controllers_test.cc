@@ -254,7 +254,8 @@ TEST_F(Controllers, DeathMidCallRestoresTheMaskOfAThreadThatBlocksSigurg) {
     auto usleep_fn = t->find_symbol("libc.so.6", "usleep");
     if (!usleep_fn.ok()) return 1;
     ForkedHelper::say(fd, "calling");
-    std::vector<remote::CallArg> args{remote::CallArg::integer(400'000)};
+    // A second: ample time to see the call running and kill the controller.
+    std::vector<remote::CallArg> args{remote::CallArg::integer(1'000'000)};
     (void)t->call(*usleep_fn, args, remote::CallOptions{pid, std::chrono::seconds(10)});
     return 0;
   });
