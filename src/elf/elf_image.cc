@@ -4,6 +4,7 @@
 #include "elf/elf_image.h"
 
 #include <elf.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -681,6 +682,22 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) {
     return parse_error("ELF file of " + std::to_string(st.st_size) + " bytes exceeds the limit of " +
                        std::to_string(kMaxFileBytes));
   }
+  // Mapped, not read: the parser touches only the headers, the symbol and
+  // hash tables and the notes (a tenth of libc), and nothing is copied or
+  // zeroed first; for libc, reading the whole file cost most of a cold
+  // controller's first call. (A file truncated in place while it is parsed
+  // would fault; mapped libraries are replaced, not truncated: truncating
+  // one would crash every process that maps it.)
+  if (st.st_size > 0) {
+    const size_t size = static_cast<size_t>(st.st_size);
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED) {
+      auto parsed = ElfParser::parse_file(std::span(static_cast<const std::byte*>(map), size));
+      ::munmap(map, size);
+      return parsed;
+    }
+  }
+  // Not mappable (a pipe-like file, an odd filesystem): read it.
   std::vector<std::byte> bytes(static_cast<size_t>(st.st_size));
   size_t got = 0;
   while (got < bytes.size()) {
