@@ -136,7 +136,8 @@ int load_main(int ready_fd, int go_fd, int done_fd, const char* agent, const cha
 // one's own time (us) and the wall time from the first "go" to the last
 // report (us). No injector can attach processes faster than they can load
 // the same libraries themselves.
-std::pair<std::vector<double>, double> in_process(const std::string& agent, const std::string& tool, int count) {
+std::pair<std::vector<double>, double> in_process(const std::string& agent, const std::string& tool,
+                                                  int count) {
   int ready[2], go[2], done[2];
   if (pipe(ready) || pipe(go) || pipe(done)) die("pipe");
   std::vector<pid_t> kids;
@@ -144,7 +145,8 @@ std::pair<std::vector<double>, double> in_process(const std::string& agent, cons
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0)
-      exec_role({"--load", std::to_string(ready[1]), std::to_string(go[0]), std::to_string(done[1]), agent, tool});
+      exec_role(
+          {"--load", std::to_string(ready[1]), std::to_string(go[0]), std::to_string(done[1]), agent, tool});
     kids.push_back(pid);
   }
   close(ready[1]);
@@ -176,7 +178,8 @@ std::pair<std::vector<double>, double> in_process(const std::string& agent, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "--hold") == 0) return hold_main(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (argc == 4 && std::strcmp(argv[1], "--hold") == 0)
+    return hold_main(std::atoi(argv[2]), std::atoi(argv[3]));
   if (argc == 7 && std::strcmp(argv[1], "--load") == 0)
     return load_main(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5], argv[6]);
   if (argc < 3) die("usage: remora-bench-attach AGENT TOOL [CYCLES]");
@@ -217,7 +220,8 @@ int main(int argc, char** argv) {
   }
 
   std::vector<double> tree_floor;
-  for (int i = 0; i < 3; ++i) tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second / 1000);
+  for (int i = 0; i < 3; ++i)
+    tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second / 1000);
 
   std::vector<double> tree32;
   for (int i = 0; i < 3; ++i) {

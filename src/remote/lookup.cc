@@ -256,8 +256,8 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
   return LoadedImage{std::move(image), bias, route};
 }
 
-Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem, const LookupOptions& opts,
-                               ImageMemo* memo) {
+Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem,
+                               const LookupOptions& opts, ImageMemo* memo) {
   if (memo == nullptr) return load_image(pid, lib, mem, opts);
   const procfs::MapEntry* hdr = header_mapping(lib);
   auto key = std::make_tuple(lib.dev, lib.inode, hdr ? hdr->start : 0);

@@ -80,8 +80,8 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
 // of the header mapping): the same mapping needs no second look.
 using ImageMemo = std::map<std::tuple<uint64_t, uint64_t, uint64_t>, LoadedImage>;
 // load_image, through `memo` when given.
-Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem, const LookupOptions& opts,
-                               ImageMemo* memo);
+Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem,
+                               const LookupOptions& opts, ImageMemo* memo);
 // `maps`: the maps just read (nullptr: read them); `memo`: optional.
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
                                       std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
