@@ -852,6 +852,8 @@ Result<std::unique_ptr<Process>> Process::open(pid_t pid) {
                      "close that handle first",
                  EBUSY)
         .with_context(ctx);
+  if (st->tracer_pid != 0)
+    (void)ptrace::wait_until_untraced(pid, 0, Deadline::after(ptrace::kPassingTracerGrace));
   if (auto pre = ptrace::precheck_attach(pid); !pre) return std::move(pre).error().with_context(ctx);
 
   auto impl = std::make_unique<Impl>();

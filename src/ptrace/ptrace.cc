@@ -76,19 +76,50 @@ bool has_cap_sys_ptrace() {
   return caps && (*caps & (1ull << 19)) != 0;  // CAP_SYS_PTRACE = 19
 }
 
+// "process 123 (gdb)"; the tracer's name when it can be read.
+std::string describe_task(pid_t tid) {
+  std::string who = "process " + std::to_string(tid);
+  if (auto st = procfs::read_status(tid)) who += " (" + st->name + ")";
+  return who;
+}
+
 }  // namespace
 
 Result<void> seize(pid_t pid, pid_t tid, unsigned long options) {
-  auto r = request(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void*>(options));
-  if (!r) {
+  const auto grace = Deadline::after(kPassingTracerGrace);
+  for (;;) {
+    auto r = request(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void*>(options));
+    if (r) return ok();
     int err = r.error().sys_errno();
     if (err == ESRCH)
       return Error(
           Errc::kNoSuchProcess,
           "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " no longer exists", err);
-    return diagnose_attach_failure(pid, err);
+    if (err != EPERM) return diagnose_attach_failure(pid, err);
+    auto st = procfs::read_status(pid, tid);
+    if (!st || st->tracer_pid == 0) return diagnose_attach_failure(pid, err);
+    // Another tracer holds this thread: wait out one that is only passing
+    // (another controller's call), then try again.
+    if (!grace.expired() && wait_until_untraced(pid, tid, grace)) continue;
+    if (tid == pid) return diagnose_attach_failure(pid, err);
+    return Error(Errc::kTracedByOther,
+                 "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " is traced by " +
+                     describe_task(st->tracer_pid) +
+                     "; a thread can have only one tracer: detach that debugger or tracer (or wait for it to "
+                     "finish) and retry",
+                 err);
   }
-  return ok();
+}
+
+bool wait_until_untraced(pid_t pid, pid_t tid, const Deadline& deadline) {
+  for (;;) {
+    auto st = procfs::read_status(pid, tid);
+    if (!st || st->tracer_pid == 0) return true;
+    if (st->tracer_pid == static_cast<pid_t>(::gettid())) return false;
+    if (deadline.expired()) return false;
+    timespec ts{0, 200'000};
+    nanosleep(&ts, nullptr);
+  }
 }
 
 Result<void> interrupt(pid_t tid) { return simple(PTRACE_INTERRUPT, tid, nullptr, nullptr); }
@@ -278,10 +309,8 @@ Result<void> precheck_attach(pid_t pid) {
 
 Result<void> precheck_attach(pid_t pid, const procfs::Status& st) {
   if (st.tracer_pid != 0) {
-    std::string who = std::to_string(st.tracer_pid);
-    if (auto tst = procfs::read_status(st.tracer_pid)) who += " (" + tst->name + ")";
     return Error(Errc::kTracedByOther,
-                 "process " + std::to_string(pid) + " is already traced by process " + who +
+                 "process " + std::to_string(pid) + " is already traced by " + describe_task(st.tracer_pid) +
                      "; a process can have only one tracer: detach that debugger or tracer (or wait for it "
                      "to finish) and retry",
                  EPERM);

@@ -90,6 +90,17 @@ Result<Stop> wait_stop(pid_t tid, const Deadline& deadline);
 // Yama ptrace_scope, not dumpable) and what would fix it.
 Error diagnose_attach_failure(pid_t pid, int err);
 
+// How long a tracer that already holds a thread is waited out before the
+// thread counts as taken. Another controller's remote call holds a thread for
+// well under a millisecond; a debugger holds it until it detaches.
+inline constexpr std::chrono::milliseconds kPassingTracerGrace{250};
+
+// Waits until no tracer holds thread `tid` of `pid` (tid 0: the process's
+// main thread), or `deadline` passes. True when the thread is free (or gone);
+// false when a tracer still holds it, or when the tracer is the calling
+// thread itself, which waiting cannot free.
+bool wait_until_untraced(pid_t pid, pid_t tid, const Deadline& deadline);
+
 // A best-effort description of the controller's ability to trace `pid`;
 // returns an Error (kTracedByOther / kPtraceDenied) when attaching would fail
 // for a reason that can be known without trying.

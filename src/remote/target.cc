@@ -199,6 +199,11 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   if (kthread)
     return Error(Errc::kKernelThread, "process " + p + " (" + st->name +
                                           ") is a kernel thread: it has no user space to call into");
+  // Another controller's call holds a thread only for a moment: wait it out
+  // before refusing, so that two controllers can open a process at once.
+  if (st->tracer_pid != 0 &&
+      ptrace::wait_until_untraced(pid, 0, Deadline::after(ptrace::kPassingTracerGrace)))
+    if (auto again = procfs::read_status(pid)) st = std::move(again);
   REMORA_TRY_CTX(ptrace::precheck_attach(pid, *st), "open process " + p);
 
   auto mem = REMORA_TRY_CTX(Memory::open(pid), "open process " + p);

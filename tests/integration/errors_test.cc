@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -182,6 +184,53 @@ TEST_F(Errors, TracedByOther) {
   tracer.reap();
   long probes = 0;
   expect_probe_works(target.pid(), &probes);
+}
+
+// A tracer that holds the target only for a moment (another controller's
+// call) is waited out, not reported: the open and the call succeed once it
+// lets go. Only a tracer that stays past the grace is kTracedByOther.
+TEST_F(Errors, APassingTracerIsWaitedOut) {
+  TargetProcess target("remora_target_errors");
+  int report[2], release[2];
+  ASSERT_EQ(pipe2(report, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(release, O_CLOEXEC), 0);
+  ChildGuard tracer;
+  tracer.pid = fork();
+  ASSERT_GE(tracer.pid, 0);
+  if (tracer.pid == 0) {
+    int rc = ptrace(PTRACE_SEIZE, target.pid(), nullptr, nullptr) == 0 ? 0 : errno;
+    (void)!write(report[1], &rc, sizeof(rc));
+    pollfd p{release[0], POLLIN, 0};
+    (void)poll(&p, 1, 10'000);
+    _exit(0);  // the kernel detaches the tracee
+  }
+  close(report[1]);
+  close(release[0]);
+  std::string got = read_all(report[0], after(10s), sizeof(int));
+  close(report[0]);
+  ASSERT_EQ(got.size(), sizeof(int)) << "the tracer helper did not report";
+  int seize_errno = -1;
+  memcpy(&seize_errno, got.data(), sizeof(int));
+  ASSERT_EQ(seize_errno, 0) << "helper PTRACE_SEIZE: " << strerror(seize_errno);
+
+  std::atomic<bool> opening{false};
+  Result<std::unique_ptr<Target>> opened = Error(Errc::kInternal, "not run");
+  std::thread opener([&] {
+    opening = true;
+    opened = Target::open(target.pid());
+  });
+  while (!opening) std::this_thread::yield();
+  std::this_thread::sleep_for(20ms);  // well inside the grace
+  (void)!write(release[1], "x", 1);
+  close(release[1]);
+  tracer.reap();
+  opener.join();
+  ASSERT_TRUE(opened.ok()) << describe(opened.error());
+  auto args = probe_args(6, 9);
+  auto r = (*opened)->call_symbol("", "remora_probe", args);
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+  EXPECT_EQ(r->value, probe_expected(6, 9));
+  EXPECT_TRUE((*opened)->close().ok());
 }
 
 // An unprivileged user may not trace a root process: the uid rule refuses.
