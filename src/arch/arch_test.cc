@@ -63,6 +63,31 @@ TEST(X86_64Restart, ResumeRegisters) {
   EXPECT_EQ(same.rax, 7u);
 }
 
+// A thread released between the kernel's rewind for restart_syscall and its
+// re-entry is saved as if stopped inside restart_syscall: classified
+// kRestartBlock (no marked call, whose rt_sigreturn would reset the
+// restart_block) and resumed on the same instruction with the same rax.
+TEST(X86_64Restart, AwaitingRestartSyscall) {
+  x::Regs pending{};
+  pending.rip = 0x5000;
+  pending.rax = static_cast<uint64_t>(x::nr::kRestartSyscall);
+  pending.orig_rax = ~uint64_t{0};
+  ASSERT_TRUE(x::awaits_restart_syscall(pending));
+  auto as_stopped = x::as_stopped_in_restart_syscall(pending);
+  EXPECT_EQ(x::classify_restart(as_stopped, false), RestartKind::kRestartBlock);
+  auto back = x::resume_registers(as_stopped, RestartKind::kRestartBlock, true);
+  EXPECT_EQ(back.rip, pending.rip);
+  EXPECT_EQ(back.rax, pending.rax);
+  EXPECT_EQ(static_cast<int64_t>(back.orig_rax), -1);
+
+  x::Regs other = pending;
+  other.rax = static_cast<uint64_t>(x::nr::kNanosleep);  // a plain rewind: nothing hidden
+  EXPECT_FALSE(x::awaits_restart_syscall(other));
+  x::Regs inside = pending;
+  inside.orig_rax = static_cast<uint64_t>(x::nr::kRestartSyscall);  // already in the kernel
+  EXPECT_FALSE(x::awaits_restart_syscall(inside));
+}
+
 TEST(X86_64Restart, MaskSwappingCalls) {
   EXPECT_TRUE(x::swaps_signal_mask(x::nr::kPpoll));
   EXPECT_TRUE(x::swaps_signal_mask(x::nr::kRtSigsuspend));

@@ -62,6 +62,18 @@ Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall)
   return out;
 }
 
+bool awaits_restart_syscall(const Regs& r) {
+  return static_cast<int64_t>(r.orig_rax) < 0 && r.rax == static_cast<uint64_t>(nr::kRestartSyscall);
+}
+
+Regs as_stopped_in_restart_syscall(const Regs& r) {
+  Regs out = r;
+  out.rip = r.rip + kSyscallInsnLen;
+  out.orig_rax = static_cast<uint64_t>(nr::kRestartSyscall);
+  out.rax = static_cast<uint64_t>(kERestartRestartBlock);
+  return out;
+}
+
 SigContext sigcontext_from(const Regs& r, uint64_t fpstate_addr) {
   SigContext sc{};
   sc.r8 = r.r8;

@@ -59,6 +59,20 @@ RestartKind classify_restart(const Regs& r, bool signal_pending);
 // rt_sigreturn resets restart_block).
 Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall);
 
+// A thread released right after the kernel rewound it for restart_syscall
+// stands on its `syscall` instruction with rax = restart_syscall, outside the
+// kernel (orig_rax -1). Its interrupted call lives on only in the kernel's
+// restart_block, which any rt_sigreturn resets: such a thread must be saved
+// and restored like one stopped inside restart_syscall, never through a
+// signal frame. True for those registers, given that the instruction at rip
+// is `syscall` (the caller reads it).
+bool awaits_restart_syscall(const Regs& r);
+// The registers of that thread as if stopped inside restart_syscall
+// (rip past the instruction, orig_rax restart_syscall, rax
+// -ERESTART_RESTARTBLOCK): resume_registers(..., kRestartBlock, true) gives
+// back exactly `r`, apart from orig_rax.
+Regs as_stopped_in_restart_syscall(const Regs& r);
+
 // ---- the kernel's signal frame (arch/x86/include/uapi/asm/sigcontext.h) ----
 struct SigContext {
   uint64_t r8, r9, r10, r11, r12, r13, r14, r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip, eflags;

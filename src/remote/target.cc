@@ -776,6 +776,13 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
     auto regs = ptrace::get_regs(tid);
     if (!regs) return fail(std::move(regs).error());
     saved.regs = *regs;
+    // Released just before re-entering an interrupted restart_block call:
+    // save it as the thread inside that call (see awaits_restart_syscall).
+    if (x::awaits_restart_syscall(*regs)) {
+      std::array<uint8_t, x::kSyscallInsnLen> insn{};
+      if (mem.read(regs->rip, std::as_writable_bytes(std::span(insn))) && insn[0] == 0x0f && insn[1] == 0x05)
+        saved.regs = x::as_stopped_in_restart_syscall(*regs);
+    }
     auto xs = ptrace::get_xstate(tid);
     if (!xs) return fail(std::move(xs).error());
     saved.xstate = std::move(*xs);
@@ -846,6 +853,10 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
   // only known once the stub has recorded it.
   const bool frame_is_exact = kind != arch::RestartKind::kRestartBlock;
   const int marker = !is_syscall && frame_is_exact && !saved.swap_mask ? choose_marker(saved.sigmask) : 0;
+  REMORA_LOG(kRemote,
+             "call on tid=%d: stopped at rip=%#llx orig_rax=%lld rax=%lld, restart kind %d, marker %d", tid,
+             static_cast<unsigned long long>(r0.rip), static_cast<long long>(orig_nr),
+             static_cast<long long>(r0.rax), static_cast<int>(kind), marker);
   const uint64_t marker_bit = marker != 0 ? uint64_t{1} << (marker - 1) : 0;
   const uint64_t cookie = (uint64_t{0x524d} << 48) | (++call_seq & 0xffffffffffff);
 

@@ -10,7 +10,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/syscall.h>
+#include <sys/user.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -19,6 +22,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -42,6 +46,7 @@ using namespace std::chrono_literals;
 using remote::CallArg;
 using remote::CallOptions;
 using remote::Target;
+using x86_regs_t = user_regs_struct;
 
 struct Counts {
   long probes = 0;   // successful remora_probe calls
@@ -267,6 +272,88 @@ TEST_F(Hostile, Stopped) {
                                                 << describe_tasks(pid);
   EXPECT_EQ(status_state(pid).substr(0, 1), "T") << status_state(pid);
   ASSERT_EQ(kill(pid, SIGCONT), 0);
+  expect_clean(target.report(), counts);
+}
+
+// A thread that a tracer released right after the kernel rewound it for
+// restart_syscall, and that has not run since, keeps its interrupted wait
+// only in the kernel's restart_block. A call on it must leave that block
+// alone: the thread then finishes its nanosleep or timed futex wait, which
+// neither fails with EINTR nor ends early. (A thread is caught there by
+// chance by the next call of a controller that has just released it from
+// such a wait. Here a helper tracer leaves it there on purpose, held by a
+// group stop.)
+TEST_F(Hostile, ThreadAwaitingRestartSyscall) {
+  TargetProcess target("remora_target_stopped");
+  target.snapshot();
+  const pid_t pid = target.pid();
+  const auto tids = target.tids();
+  auto wait_tid = [&](pid_t tid) {
+    int st = 0;
+    auto deadline = after(5s);
+    while (Clock::now() < deadline) {
+      pid_t w = waitpid(tid, &st, __WALL | WNOHANG);
+      if (w == tid) return st;
+      if (w < 0) break;
+      std::this_thread::sleep_for(100us);
+    }
+    throw HarnessError("thread " + std::to_string(tid) + " did not stop");
+  };
+  auto all_stopped = [&] {
+    for (const auto& [tid, s] : task_states(pid))
+      if (s != 'T') return false;
+    return true;
+  };
+  Counts counts;
+  for (const char* role : {"nanosleep", "futex"}) {
+    SCOPED_TRACE(role);
+    const pid_t waiter = tids.at(role);
+    // Catch the thread inside its timed wait (20 or 30 ms at a time).
+    x86_regs_t regs{};
+    for (int attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 100) << "the thread was never caught inside its wait";
+      ASSERT_EQ(ptrace(PTRACE_SEIZE, waiter, nullptr, nullptr), 0) << strerror(errno);
+      ASSERT_EQ(ptrace(PTRACE_INTERRUPT, waiter, nullptr, nullptr), 0) << strerror(errno);
+      wait_tid(waiter);
+      ASSERT_EQ(ptrace(PTRACE_GETREGS, waiter, nullptr, &regs), 0) << strerror(errno);
+      if (static_cast<long>(regs.rax) == -516 /* ERESTART_RESTARTBLOCK */) break;
+      ASSERT_EQ(ptrace(PTRACE_DETACH, waiter, nullptr, nullptr), 0) << strerror(errno);
+      std::this_thread::sleep_for(2ms);
+    }
+    // What the kernel does before returning to user space: rewind onto the
+    // syscall instruction with rax = restart_syscall.
+    regs.rip -= 2;
+    regs.rax = SYS_restart_syscall;
+    regs.orig_rax = ~0ull;
+    ASSERT_EQ(ptrace(PTRACE_SETREGS, waiter, nullptr, &regs), 0) << strerror(errno);
+    // Released into a group stop, it stays on that instruction.
+    ASSERT_EQ(kill(pid, SIGSTOP), 0);
+    ASSERT_EQ(ptrace(PTRACE_DETACH, waiter, nullptr, nullptr), 0) << strerror(errno);
+    ASSERT_TRUE(wait_for(all_stopped, after(5s))) << describe_tasks(pid);
+    {
+      auto t = open_target(pid);
+      auto fn = t->find_symbol("", "remora_probe");
+      ASSERT_TRUE(fn.ok()) << describe(fn.error());
+      for (int i = 0; i < 3; ++i) {
+        auto args = probe_args(i, 7);
+        auto r = t->call(*fn, args, CallOptions{waiter});
+        ASSERT_TRUE(r.ok()) << describe(r.error());
+        EXPECT_EQ(r->value, probe_expected(i, 7));
+        ++counts.probes;
+      }
+      EXPECT_TRUE(t->close().ok());
+    }
+    // Still on the instruction, still about to restart.
+    x86_regs_t now{};
+    ASSERT_EQ(ptrace(PTRACE_SEIZE, waiter, nullptr, nullptr), 0) << strerror(errno);
+    ASSERT_EQ(ptrace(PTRACE_INTERRUPT, waiter, nullptr, nullptr), 0) << strerror(errno);
+    wait_tid(waiter);
+    ASSERT_EQ(ptrace(PTRACE_GETREGS, waiter, nullptr, &now), 0) << strerror(errno);
+    ASSERT_EQ(ptrace(PTRACE_DETACH, waiter, nullptr, nullptr), 0) << strerror(errno);
+    EXPECT_EQ(now.rip, regs.rip);
+    EXPECT_EQ(now.rax, regs.rax);
+    ASSERT_EQ(kill(pid, SIGCONT), 0);
+  }
   expect_clean(target.report(), counts);
 }
 
