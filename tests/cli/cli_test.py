@@ -14,6 +14,7 @@ happens. Exit status 0 when every test passed.
 import argparse
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -43,6 +44,24 @@ def wait_for(pred, timeout, what):
         if time.monotonic() > deadline:
             raise Failure("timed out after %.1f s waiting for %s" % (timeout, what))
         time.sleep(0.02)
+
+
+def read_until(p, text, timeout):
+    """Reads p's stdout (a pipe) until `text` appears; returns what it read.
+    Raw reads: a later p.communicate() returns the rest."""
+    fd = p.stdout.fileno()
+    got = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in got:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise Failure("timed out after %.1f s waiting for %r; read so far:\n%s" %
+                          (timeout, text, got.decode(errors="replace")))
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise Failure("the output ended before %r; read:\n%s" % (text, got.decode(errors="replace")))
+        got += chunk
+    return got.decode(errors="replace")
 
 
 def spawn(argv, **kw):
@@ -93,7 +112,11 @@ class Tree:
 
     def __init__(self, tmp, children, extra=()):
         self.ready = os.path.join(tmp, "ready-%d" % time.monotonic_ns())
-        self.proc = spawn([ARGS.target, str(children), self.ready] + [str(x) for x in extra])
+        # Its own process group: the clean-up kills the children too, which
+        # would otherwise hold ctest's output pipe open after a failure.
+        self.proc = spawn([ARGS.target, str(children), self.ready] + [str(x) for x in extra],
+                          start_new_session=True)
+        self.proc.own_group = True
         text = wait_for(lambda: self.proc.poll() is None and os.path.exists(self.ready) and open(self.ready).read(),
                         10, "the target tree to be ready")
         self.pids = [int(x) for x in text.split()]
@@ -185,18 +208,21 @@ def test_attach_until_sigint(tmp):
     log = os.path.join(tmp, "hook.log")
     p = spawn([ARGS.remora, "attach", "-p", str(tree.pid), "-t", ARGS.hook_tool, "-e", "REMORA_HOOK_LOG=" + log],
               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: all(count(hook_events(log), pid, "tool_attach") == 1 for pid in tree.pids), 15,
-             "every pid to be attached")
+    # Printed once every process is attached and its lease armed.
+    before = read_until(p, "Attached to", 15)
+    ev = hook_events(log)
+    for pid in tree.pids:
+        check(count(ev, pid, "tool_attach") == 1, "pid %d was attached" % pid, str(ev))
     rows = status_rows(tree.pid, tree=True)
     for pid in tree.pids:
         check(rows[pid]["attached"] == "yes" and rows[pid]["lease"].startswith(str(p.pid)),
               "while attached, status shows pid %d attached with remora's lease" % pid, str(rows[pid]))
-    time.sleep(0.2)  # let remora reach its wait (a signal before is only taken later)
     p.send_signal(signal.SIGINT)
     try:
         out, err = p.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         raise Failure("remora did not exit within 15 s of SIGINT")
+    out = before + out
     check(p.returncode == 0, "SIGINT ends the session with exit 0", show(p.returncode, out, err))
     check("Got SIGINT: detaching." in out, "remora says why it detached", out)
     ev = hook_events(log)
@@ -209,9 +235,9 @@ def test_lease_detaches_when_remora_dies(tmp):
     tree = Tree(tmp, 0)
     log = os.path.join(tmp, "hook.log")
     p = spawn([ARGS.remora, "attach", "-p", str(tree.pid), "-t", ARGS.hook_tool, "-e", "REMORA_HOOK_LOG=" + log],
-              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: count(hook_events(log), tree.pid, "tool_attach") == 1, 15, "the attach")
-    time.sleep(0.2)
+              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    read_until(p, "Attached to", 15)  # the lease is armed
+    check(count(hook_events(log), tree.pid, "tool_attach") == 1, "the attach")
     p.kill()
     p.wait(timeout=10)
     wait_for(lambda: count(hook_events(log), tree.pid, "tool_detach") == 1, 10,
