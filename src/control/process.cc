@@ -211,6 +211,11 @@ struct Process::Impl {
     bool stopped = false;
     bool awaiting_attach = false;  // auto-attached clone: its first stop is still to come
     int pending_sig = 0;
+    // Blocked in vfork until its child execs or exits: no PTRACE_INTERRUPT
+    // stops it before then (the wait is killable only), and it runs no code
+    // of its own, so stopping every thread does not wait for it. Its
+    // PTRACE_EVENT_VFORK_DONE stop ends this.
+    bool in_vfork = false;
   };
 
   pid_t pid = 0;
@@ -328,7 +333,7 @@ struct Process::Impl {
         r.other = static_cast<pid_t>(event_msg(tid));
         return r;
       }
-      case PTRACE_EVENT_VFORK_DONE: return Raw{Raw::Kind::kVforkDone, tid};
+      case PTRACE_EVENT_VFORK_DONE: t.in_vfork = false; return Raw{Raw::Kind::kVforkDone, tid};
       case PTRACE_EVENT_EXEC: {
         Raw r{Raw::Kind::kExec, tid};
         r.other = static_cast<pid_t>(event_msg(tid));
@@ -379,10 +384,12 @@ struct Process::Impl {
   // Interrupts every running thread and waits until all are stopped.
   Result<void> stop_all() {
     for (auto& [tid, t] : threads)
-      if (!t.stopped && !t.awaiting_attach) (void)ptrace::interrupt(tid);
+      if (!t.stopped && !t.awaiting_attach && !t.in_vfork) (void)ptrace::interrupt(tid);
     Deadline dl = Deadline::after(kStopAllTimeout);
     for (;;) {
-      auto tids = running_tids();
+      std::vector<pid_t> tids;
+      for (auto& [tid, t] : threads)
+        if (!t.stopped && !t.in_vfork) tids.push_back(tid);
       if (tids.empty()) return ok();
       auto w = wait_any(tids, dl, -1);
       if (w.kind == WaitResult::Kind::kTimeout) {
@@ -689,6 +696,7 @@ struct Process::Impl {
     e.tid = r.tid;
     e.child_pid = r.other;
     e.vfork = r.kind == Raw::Kind::kVfork;
+    if (auto it = threads.find(r.tid); e.vfork && it != threads.end()) it->second.in_vfork = true;
     pid_t c = r.other;
     if (c <= 0) return e;
     auto w = wait_any({c}, Deadline::after(kStopAllTimeout), -1);
@@ -1126,7 +1134,12 @@ Result<Event> Process::cont(const ContOptions& opts) {
         p.shares_parent_mm = false;
         p.vfork_child_running = false;
         p.queued.clear();
-        auto ev = REMORA_TRY_CTX(p.sync_new_image(opts.deadline), ctx);
+        // The exec has happened: it is reported once the new program's
+        // libraries are known, even past a short deadline (a deadline that
+        // cut the loading short would lose the event).
+        const Deadline sync_deadline =
+            opts.deadline.remaining() > kStopAllTimeout ? opts.deadline : Deadline::after(kStopAllTimeout);
+        auto ev = REMORA_TRY_CTX(p.sync_new_image(sync_deadline), ctx);
         if (ev) {
           if (ev->kind == Event::Kind::kGone) p.threads.clear();
           return std::move(*ev);

@@ -82,6 +82,10 @@ struct ContOptions {
   // letting it run free.
   bool want_child = false;
   // cont() gives up at this deadline with Errc::kTimedOut, the process stopped.
+  // An exec seen before it is still reported whole: reading the new program's
+  // libraries may take past it (up to 10 s). A thread blocked in vfork until
+  // its child (held by another handle) execs or exits cannot stop: it is left
+  // in that wait and reports the vfork's end on a later cont().
   Deadline deadline = Deadline::never();
 };
 

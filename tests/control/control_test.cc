@@ -267,6 +267,48 @@ TEST_F(ControlTest, VforkChildHandleFollowsExec) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 6);
 }
 
+// Following a vfork child in short slices, as `remora events --follow`
+// does: while its child is held, the parent sits in vfork and cannot stop,
+// so its slice ends on time instead of waiting for it; and the child's exec
+// is reported even when its loading outlasts a slice.
+TEST_F(ControlTest, VforkInShortSlices) {
+  auto p = Process::launch(opts({"vforkexec", CTL_PLUGIN}));
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  auto ev = (*p)->cont(copts(true));
+  ASSERT_TRUE(ev.ok()) << ev.error().to_string();
+  ASSERT_EQ(ev->kind, Event::Kind::kFork);
+  ASSERT_TRUE(ev->vfork);
+  ASSERT_NE(ev->child, nullptr);
+  auto slice = [](std::chrono::microseconds d) {
+    ContOptions c;
+    c.want_child = true;
+    c.deadline = Deadline::after(d);
+    return c;
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto pev = (*p)->cont(slice(20ms));
+    ASSERT_FALSE(pev.ok()) << "the parent moved while its vfork child is held: "
+                           << event_kind_name(pev->kind);
+    EXPECT_EQ(pev.error().code(), Errc::kTimedOut) << pev.error().to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "the slice waited for a parent that cannot stop";
+  }
+  // 0.2 ms slices: the child's first event is its exec, whole.
+  Result<Event> cev = Error(Errc::kTimedOut, "no slice ran");
+  for (int i = 0; i < 10000; ++i) {
+    cev = ev->child->cont(slice(200us));
+    if (cev.ok() || cev.error().code() != Errc::kTimedOut) break;
+  }
+  ASSERT_TRUE(cev.ok()) << cev.error().to_string();
+  EXPECT_EQ(cev->kind, Event::Kind::kExec) << event_kind_name(cev->kind);
+  EXPECT_TRUE(lists(cev->added, "libc.so"));
+  int cst = run_to_exit(*ev->child);
+  EXPECT_TRUE(WIFEXITED(cst) && WEXITSTATUS(cst) == 6) << cst;
+  ASSERT_TRUE(ev->child->close().ok());
+  int st = run_to_exit(**p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 6);
+}
+
 TEST_F(ControlTest, ExecResynchronises) {
   auto p = Process::launch(opts({"exec"}, true));
   ASSERT_TRUE(p.ok()) << p.error().to_string();
