@@ -91,6 +91,32 @@ void expect_probe_works(pid_t pid, long* probes) {
   EXPECT_TRUE(c.ok()) << describe(c.error());
 }
 
+// Forks a helper that PTRACE_SEIZEs `target` and returns the helper's errno
+// for it. The helper then holds the target until `release_fd` becomes
+// readable (or for good, with -1) and exits, which lets the target go.
+int start_helper_tracer(pid_t target, ChildGuard* tracer, int release_fd) {
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) throw HarnessError("pipe2: " + std::string(strerror(errno)));
+  tracer->pid = fork();
+  if (tracer->pid < 0) throw HarnessError("fork: " + std::string(strerror(errno)));
+  if (tracer->pid == 0) {
+    int rc = ptrace(PTRACE_SEIZE, target, nullptr, nullptr) == 0 ? 0 : errno;
+    (void)!write(report[1], &rc, sizeof(rc));
+    if (release_fd < 0)
+      for (;;) pause();
+    pollfd p{release_fd, POLLIN, 0};
+    (void)poll(&p, 1, 10'000);
+    _exit(0);
+  }
+  close(report[1]);
+  std::string got = read_all(report[0], after(10s), sizeof(int));
+  close(report[0]);
+  if (got.size() != sizeof(int)) throw HarnessError("the tracer helper did not report");
+  int err = -1;
+  memcpy(&err, got.data(), sizeof(int));
+  return err;
+}
+
 class Errors : public IntegrationTest {};
 
 TEST_F(Errors, NoSuchProcess) {
@@ -156,23 +182,8 @@ TEST_F(Errors, StaticBinary) {
 // Another process holds the target with PTRACE_SEIZE: the message names it.
 TEST_F(Errors, TracedByOther) {
   TargetProcess target("remora_target_errors");
-  int pipefd[2];
-  ASSERT_EQ(pipe2(pipefd, O_CLOEXEC), 0);
   ChildGuard tracer;
-  tracer.pid = fork();
-  ASSERT_GE(tracer.pid, 0);
-  if (tracer.pid == 0) {
-    int rc = ptrace(PTRACE_SEIZE, target.pid(), nullptr, nullptr) == 0 ? 0 : errno;
-    ssize_t ignored = write(pipefd[1], &rc, sizeof(rc));
-    (void)ignored;
-    for (;;) pause();
-  }
-  close(pipefd[1]);
-  int seize_errno = -1;
-  std::string got = read_all(pipefd[0], after(10s), sizeof(int));
-  close(pipefd[0]);
-  ASSERT_EQ(got.size(), sizeof(int)) << "the tracer helper did not report";
-  memcpy(&seize_errno, got.data(), sizeof(int));
+  const int seize_errno = start_helper_tracer(target.pid(), &tracer, -1);
   ASSERT_EQ(seize_errno, 0) << "helper PTRACE_SEIZE: " << strerror(seize_errno);
 
   auto r = Target::open(target.pid());
@@ -191,26 +202,11 @@ TEST_F(Errors, TracedByOther) {
 // lets go. Only a tracer that stays past the grace is kTracedByOther.
 TEST_F(Errors, APassingTracerIsWaitedOut) {
   TargetProcess target("remora_target_errors");
-  int report[2], release[2];
-  ASSERT_EQ(pipe2(report, O_CLOEXEC), 0);
+  int release[2];
   ASSERT_EQ(pipe2(release, O_CLOEXEC), 0);
   ChildGuard tracer;
-  tracer.pid = fork();
-  ASSERT_GE(tracer.pid, 0);
-  if (tracer.pid == 0) {
-    int rc = ptrace(PTRACE_SEIZE, target.pid(), nullptr, nullptr) == 0 ? 0 : errno;
-    (void)!write(report[1], &rc, sizeof(rc));
-    pollfd p{release[0], POLLIN, 0};
-    (void)poll(&p, 1, 10'000);
-    _exit(0);  // the kernel detaches the tracee
-  }
-  close(report[1]);
+  const int seize_errno = start_helper_tracer(target.pid(), &tracer, release[0]);
   close(release[0]);
-  std::string got = read_all(report[0], after(10s), sizeof(int));
-  close(report[0]);
-  ASSERT_EQ(got.size(), sizeof(int)) << "the tracer helper did not report";
-  int seize_errno = -1;
-  memcpy(&seize_errno, got.data(), sizeof(int));
   ASSERT_EQ(seize_errno, 0) << "helper PTRACE_SEIZE: " << strerror(seize_errno);
 
   std::atomic<bool> opening{false};
