@@ -216,7 +216,7 @@ TEST_F(Errors, APassingTracerIsWaitedOut) {
     opened = Target::open(target.pid());
   });
   while (!opening) std::this_thread::yield();
-  std::this_thread::sleep_for(20ms);  // well inside the grace
+  std::this_thread::sleep_for(5ms);  // well inside the grace
   (void)!write(release[1], "x", 1);
   close(release[1]);
   tracer.reap();
