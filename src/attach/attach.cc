@@ -438,6 +438,44 @@ Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const Attach
   return r;
 }
 
+namespace {
+
+// Arms a lease through the agent's `lease_fn`: a pipe made by the target,
+// whose write end we reopen (into `lease_fd`) through /proc/PID/fd and then
+// close in the target, so that the agent sees EOF exactly when this
+// controller is gone, whatever pid namespace separates us.
+Result<void> arm_lease(remote::Target& t, pid_t pid, uint64_t lease_fn, const CallOptions& on_listener,
+                       UniqueFd* lease_fd) {
+  auto fds_at = REMORA_TRY(t.scratch_alloc(8));
+  CallArg pargs[] = {CallArg::integer(fds_at.addr()), CallArg::integer(O_CLOEXEC)};
+  auto p = REMORA_TRY(t.call_symbol("libc.so.6", "pipe2", pargs, on_listener));
+  int32_t fds[2] = {-1, -1};
+  if (p.value != 0 || !t.read(fds_at, std::as_writable_bytes(std::span(fds, 2))))
+    return Error(Errc::kIo,
+                 "pipe2 failed in the target: it may be out of file descriptors (see its RLIMIT_NOFILE); "
+                 "attach without a lease (remora attach --keep) to go on without one");
+  std::string wpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fds[1]);
+  lease_fd->reset(::open(wpath.c_str(), O_WRONLY | O_CLOEXEC));
+  const int open_errno = errno;
+  uint64_t close_w[] = {static_cast<uint64_t>(fds[1])};
+  (void)t.syscall(x::nr::kClose, close_w, on_listener);
+  if (!*lease_fd) {
+    uint64_t close_r[] = {static_cast<uint64_t>(fds[0])};
+    (void)t.syscall(x::nr::kClose, close_r, on_listener);
+    return Error::from_errno("open " + wpath, open_errno);
+  }
+  CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])),
+                     CallArg::integer(static_cast<uint64_t>(getpid()))};
+  auto l = REMORA_TRY(t.call(RemoteAddr(lease_fn), largs, on_listener));
+  if (l.value != 0) {
+    lease_fd->reset();
+    return Error(Errc::kIo, "the agent could not arm the lease");
+  }
+  return ok();
+}
+
+}  // namespace
+
 Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const AttachOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string ctx = "attach to process " + std::to_string(pid);
@@ -553,28 +591,20 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   REMORA_LOG(kAttach, "pid %d: attached", pid);
 
   if (opts.lease) {
-    // A pipe made by the target, whose write end we reopen through
-    // /proc/PID/fd and then close in the target: the agent sees EOF exactly
-    // when this controller is gone, whatever pid namespace separates us.
-    auto fds_at = REMORA_TRY_CTX(t.scratch_alloc(8), ctx);
-    CallArg pargs[] = {CallArg::integer(fds_at.addr()), CallArg::integer(O_CLOEXEC)};
-    auto p = REMORA_TRY_CTX(t.call_symbol("libc.so.6", "pipe2", pargs, on_listener), "arm the lease");
-    int32_t fds[2] = {-1, -1};
-    if (p.value != 0 || !t.read(fds_at, std::as_writable_bytes(std::span(fds, 2))))
-      return Error(Errc::kIo, "pipe2 failed in the target").with_context("arm the lease");
-    std::string wpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fds[1]);
-    s->lease_fd.reset(::open(wpath.c_str(), O_WRONLY | O_CLOEXEC));
-    uint64_t close_args[] = {static_cast<uint64_t>(fds[1])};
-    (void)t.syscall(x::nr::kClose, close_args, on_listener);
-    if (!s->lease_fd) {
-      uint64_t close_r[] = {static_cast<uint64_t>(fds[0])};
-      (void)t.syscall(x::nr::kClose, close_r, on_listener);
-      return Error::from_errno("open " + wpath).with_context("arm the lease");
+    if (auto armed = arm_lease(t, pid, s->agent.lease_fn, on_listener, &s->lease_fd); !armed) {
+      // Attached without a lease, the tools would outlive this controller
+      // for good: detach them again, so that a failed attach leaves
+      // nothing attached.
+      Error e = std::move(armed).error().with_context("arm the lease");
+      if (e.code() == Errc::kTargetExited || e.code() == Errc::kNoSuchProcess)
+        return std::move(e).with_context(ctx);
+      auto d = t.call(RemoteAddr(s->agent.detach_fn), {}, on_listener);
+      if (!d || static_cast<int32_t>(d->value) != REMORA_AGENT_OK)
+        return std::move(e).with_context(ctx +
+                                         " (the tools could not be detached again: run remora detach -p " +
+                                         std::to_string(pid) + ")");
+      return std::move(e).with_context(ctx + " (the tools were detached again)");
     }
-    CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])),
-                       CallArg::integer(static_cast<uint64_t>(getpid()))};
-    auto l = REMORA_TRY_CTX(t.call(RemoteAddr(s->agent.lease_fn), largs, on_listener), "arm the lease");
-    if (l.value != 0) return Error(Errc::kIo, "the agent could not arm the lease").with_context(ctx);
   }
   s->detached = false;
   out.ok = true;

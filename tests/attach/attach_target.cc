@@ -7,6 +7,9 @@
 //                       the child said it runs (over a private pipe)
 //   "setenv NAME VALUE" setenv in this process; reply "ok"
 //   "getenv NAME"       reply "env <value>" or "unset": what the process sees
+//   "fill-fds"          uses up every file descriptor but one (under a
+//                       lowered RLIMIT_NOFILE); reply "filled <count>"
+//   "free-fds"          gives them back and restores the limit; reply "ok"
 //   "pids"              (tree mode) reply "pids role:pid role:pid ..."
 //
 // Modes (argv[1]):
@@ -25,9 +28,11 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +104,8 @@ std::string self_dir() {
 // Plain mode: "fork", "setenv", "getenv".
 
 std::vector<int> g_lifelines;  // write ends held for the forked children
+std::vector<int> g_fillers;    // "fill-fds": descriptors held to use up the limit
+rlimit g_nofile{};             // the limit before "fill-fds"
 
 bool plain_command(const std::string& cmd, std::string* reply) {
   if (cmd == "fork") {
@@ -132,6 +139,34 @@ bool plain_command(const std::string& cmd, std::string* reply) {
     while (n < 0 && errno == EINTR);
     close(ready[0]);
     *reply = n == 1 ? "forked " + std::to_string(pid) : "error the child did not start";
+    return true;
+  }
+  if (cmd == "fill-fds") {
+    // Uses up every file descriptor but one, under a lowered limit: a
+    // pipe2() in this process then fails with EMFILE, a single open() works.
+    getrlimit(RLIMIT_NOFILE, &g_nofile);
+    rlimit low = g_nofile;
+    low.rlim_cur = std::min<rlim_t>(g_nofile.rlim_cur, 256);
+    setrlimit(RLIMIT_NOFILE, &low);
+    for (;;) {
+      int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) break;
+      g_fillers.push_back(fd);
+    }
+    if (errno != EMFILE || g_fillers.empty()) {
+      *reply = std::string("error fill-fds: ") + strerror(errno);
+      return true;
+    }
+    close(g_fillers.back());
+    g_fillers.pop_back();
+    *reply = "filled " + std::to_string(g_fillers.size());
+    return true;
+  }
+  if (cmd == "free-fds") {
+    for (int fd : g_fillers) close(fd);
+    g_fillers.clear();
+    setrlimit(RLIMIT_NOFILE, &g_nofile);
+    *reply = "ok";
     return true;
   }
   if (cmd.rfind("setenv ", 0) == 0) {

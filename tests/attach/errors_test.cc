@@ -55,6 +55,43 @@ TEST_F(AttachErrors, RefusedByTheAgentAfterSetenv) {
   EXPECT_FALSE(status_or_throw(target.pid()).attached);
 }
 
+// An attach whose lease cannot be armed (the target has no two free file
+// descriptors for the lease's pipe) fails and leaves nothing attached: the
+// tools are detached again, so they cannot outlive the controller.
+TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttached) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  AttachOptions opts = options_for(log_);
+  opts.lease = true;
+  Controller c;
+  {
+    auto r = c.attach(pid, opts);
+    ASSERT_TRUE(r.ok()) << describe(r.error());
+    auto d = c.detach(pid);
+    ASSERT_TRUE(d.ok()) << describe(d.error());
+  }
+  const auto before = status_or_throw(pid);
+  ASSERT_EQ(target.command("fill-fds").rfind("filled ", 0), 0u);
+  const size_t from = log_.lines().size();
+  auto r = c.attach(pid, opts);
+  ASSERT_FALSE(r.ok()) << "attached although the lease could not be armed";
+  EXPECT_TRUE(contains_icase(r.error().to_string(), "lease")) << describe(r.error());
+  EXPECT_TRUE(contains_icase(r.error().to_string(), "detached again")) << describe(r.error());
+  const auto after_failure = status_or_throw(pid);
+  EXPECT_FALSE(after_failure.attached);
+  EXPECT_EQ(after_failure.lease_pid, 0);
+  EXPECT_EQ(after_failure.detaches, before.detaches + 1);
+  EXPECT_EQ(whats(log_.lines(), from), (std::vector<std::string>{"a:tool_attach", "a:tool_detach"}))
+      << log_.dump();
+  ASSERT_EQ(target.command("free-fds"), "ok");
+  // Nothing is left over: the next attach arms its lease.
+  auto again = c.attach(pid, opts);
+  ASSERT_TRUE(again.ok()) << describe(again.error());
+  EXPECT_EQ(status_or_throw(pid).lease_pid, getpid());
+  auto d = c.detach(pid);
+  ASSERT_TRUE(d.ok()) << describe(d.error());
+}
+
 // A tool without remora_configure_attach: kNotAttachable, naming the
 // missing export; nothing of the list is loaded or called.
 TEST_F(AttachErrors, ToolWithoutConfigureAttachIsNotAttachable) {
