@@ -124,7 +124,8 @@ typedef struct remora_options {
    * remora_attach_tree does. */
   bool attach_children;
   /* true: should this process die before detaching, the agent in each target
-   * detaches the tools itself (they flush their data). false: tools stay
+   * detaches the tools itself (they flush their data). An attach whose lease
+   * cannot be armed fails and detaches the tools again. false: tools stay
    * attached until someone detaches them. */
   bool lease;
   uint8_t reserved[6];
