@@ -422,9 +422,7 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
     return impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout, on_stack);
   }
   // Larger ones go into the scratch data area; it must exist first.
-  if (!impl_->scratch) {
-    REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
-  }
+  REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   const uint64_t room = impl_->data_size - session_area(impl_->data_size);
   if (total > room)
     return Error(Errc::kInvalidArgument, "byte arguments total " + std::to_string(total) +

@@ -209,18 +209,27 @@ TEST_F(Errors, APassingTracerIsWaitedOut) {
   close(release[0]);
   ASSERT_EQ(seize_errno, 0) << "helper PTRACE_SEIZE: " << strerror(seize_errno);
 
-  std::atomic<bool> opening{false};
+  std::atomic<pid_t> opener_tid{0};
   Result<std::unique_ptr<Target>> opened = Error(Errc::kInternal, "not run");
   std::thread opener([&] {
-    opening = true;
+    opener_tid = static_cast<pid_t>(gettid());
     opened = Target::open(target.pid());
   });
-  while (!opening) std::this_thread::yield();
-  std::this_thread::sleep_for(5ms);  // well inside the grace
+  // Let go only once the open is waiting for the tracer (its thread asleep).
+  const bool waiting = wait_for(
+      [&] {
+        const pid_t tid = opener_tid.load();
+        if (tid == 0) return false;
+        auto states = task_states(getpid());
+        auto it = states.find(tid);
+        return it != states.end() && it->second == 'S';
+      },
+      after(5s));
   (void)!write(release[1], "x", 1);
   close(release[1]);
   tracer.reap();
   opener.join();
+  EXPECT_TRUE(waiting) << "the open never waited for the tracer to let go";
   ASSERT_TRUE(opened.ok()) << describe(opened.error());
   auto args = probe_args(6, 9);
   auto r = (*opened)->call_symbol("", "remora_probe", args);
