@@ -69,9 +69,11 @@ struct Controller::Session {
   AgentSymbols agent;
   pid_t listener = 0;
   UniqueFd lease_fd;  // our end of the lease pipe
-  // Detached by this controller. The session itself stays, so that a
+  // Attached by this controller and not detached since: what detach(0)
+  // detaches. A failed attach (say, a process another controller attached)
+  // leaves it false. The session itself stays after a detach, so that a
   // re-attach finds the process open and the agent's symbols resolved.
-  bool detached = false;
+  bool attached = false;
 };
 
 namespace {
@@ -194,7 +196,7 @@ std::vector<pid_t> Controller::sessions() const {
   std::lock_guard lock(mu_);
   std::vector<pid_t> out;
   for (const auto& [pid, s] : sessions_)
-    if (!s->detached) out.push_back(pid);
+    if (s->attached) out.push_back(pid);
   return out;
 }
 
@@ -606,7 +608,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
       return std::move(e).with_context(ctx + " (the tools were detached again)");
     }
   }
-  s->detached = false;
+  s->attached = true;
   out.ok = true;
   out.elapsed = std::chrono::steady_clock::now() - t0;
   return out;
@@ -632,7 +634,7 @@ Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout
   auto finish = [&]() {
     (void)t.close();
     s->lease_fd.reset();
-    s->detached = true;
+    s->attached = false;
   };
   auto loaded = resolve_agent(t, &s->agent);
   if (!loaded || !*loaded) {

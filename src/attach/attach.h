@@ -89,7 +89,8 @@ class Controller {
   // The process tree under `root`, breadth-first, root first.
   static Result<std::vector<pid_t>> snapshot_tree(pid_t root);
 
-  // Pids with a live session of this controller.
+  // Pids this controller attached and has not detached (a failed attach
+  // counts for nothing).
   std::vector<pid_t> sessions() const;
 
  private:

@@ -304,7 +304,8 @@ TEST_F(Lifecycle, ToolInitFailureFailsTheAttach) {
   EXPECT_EQ(remote_getenv(pid, "HOOK_TOOL_FAIL"), std::nullopt);
 }
 
-// detach(0) detaches every session of the controller, and only those.
+// detach(0) detaches every session of the controller, and only those: not
+// a process whose attach failed because another controller had attached it.
 TEST_F(Lifecycle, DetachZeroDetachesEverySessionOfTheController) {
   TargetProcess t1("remora_attach_target");
   TargetProcess t2("remora_attach_target");
@@ -317,6 +318,9 @@ TEST_F(Lifecycle, DetachZeroDetachesEverySessionOfTheController) {
   }
   auto r = c2.attach(other.pid(), opts);
   ASSERT_TRUE(r.ok()) << describe(r.error());
+  auto refused = c.attach(other.pid(), opts);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), Errc::kAlreadyAttached) << describe(refused.error());
   auto s = c.sessions();
   EXPECT_EQ(std::set<pid_t>(s.begin(), s.end()), (std::set<pid_t>{t1.pid(), t2.pid()}));
 
