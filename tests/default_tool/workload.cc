@@ -50,30 +50,18 @@ void Workload::fail(const std::string& what) {
 
 void Workload::start() {
   if (pipe(pipe_) != 0) fail("pipe");
-  threads_.emplace_back([this] {
-    pthread_setname_np(pthread_self(), "wl-hash");
-    hash_loop();
-  });
-  threads_.emplace_back([this] {
-    pthread_setname_np(pthread_self(), "wl-sort");
-    sort_loop();
-  });
-  threads_.emplace_back([this] {
-    pthread_setname_np(pthread_self(), "wl-file");
-    file_loop();
-  });
-  threads_.emplace_back([this] {
-    pthread_setname_np(pthread_self(), "wl-mutex-a");
-    mutex_loop();
-  });
-  threads_.emplace_back([this] {
-    pthread_setname_np(pthread_self(), "wl-mutex-b");
-    mutex_loop();
-  });
-  threads_.emplace_back([this] {
-    pthread_setname_np(pthread_self(), "wl-pipe");
-    pipe_loop();
-  });
+  auto run = [this](const char* name, void (Workload::*loop)()) {
+    threads_.emplace_back([this, name, loop] {
+      pthread_setname_np(pthread_self(), name);
+      (this->*loop)();
+    });
+  };
+  run("wl-hash", &Workload::hash_loop);
+  run("wl-sort", &Workload::sort_loop);
+  run("wl-file", &Workload::file_loop);
+  run("wl-mutex-a", &Workload::mutex_loop);
+  run("wl-mutex-b", &Workload::mutex_loop);
+  run("wl-pipe", &Workload::pipe_loop);
 }
 
 void Workload::hash_loop() {
