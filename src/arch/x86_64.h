@@ -10,6 +10,7 @@
 #include <span>
 
 #include "arch/syscall_restart.h"
+#include "arch/x86_64_stub.h"
 
 namespace remora::arch::x86_64 {
 
@@ -100,20 +101,19 @@ struct UContext {
 static_assert(sizeof(UContext) == 304);
 
 inline constexpr uint64_t kUcFpXstate = 0x1, kUcSigcontextSs = 0x2, kUcStrictRestoreSs = 0x4;
-inline constexpr uint32_t kFpXstateMagic1 = 0x46505853, kFpXstateMagic2 = 0x46505845;
-inline constexpr size_t kFxSwBytesOffset = 464;  // sw_reserved in the fxsave area
 inline constexpr int32_t kSsFlagsInvalid = 3;    // SS_ONSTACK|SS_DISABLE: rejected by sigaltstack
 
 // Builds the sigcontext for `r` (already resume-adjusted).
 SigContext sigcontext_from(const Regs& r, uint64_t fpstate_addr);
 
-// Prepares a copy of a PTRACE_GETREGSET(NT_X86_XSTATE) buffer for use as a
-// signal-frame fpstate: the ptrace format keeps XCR0 in sw_reserved, the
-// signal frame wants the fx_sw_bytes header there (magic1, sizes, features)
-// and magic2 right after the state. Returns size + 4 bytes.
-void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::byte> ptrace_xstate);
+// The frame's fpstate (the xsave image and its sizes) is built by
+// build_sig_fpstate (arch/x86_64_xstate.h).
 
 // ---- stub code, written at the start of the scratch mapping ----
+//
+// Assembled from src/arch/x86_64_stub.S, the one source of these bytes (the
+// agent links the same file and exports the block as remora_agent_stub);
+// the offsets below come from x86_64_stub.h, which places the code there.
 //
 // At entry to either stub: rbx = address of the frame's ucontext (rt_sigreturn
 // finds the frame at rsp - 8), rsp = a 16-byte aligned stack below the frame.
@@ -150,17 +150,19 @@ void prepare_fpstate(std::span<std::byte> out_with_magic2, std::span<const std::
 //    completes a new scratch mapping: two system calls that would otherwise
 //    cost two ptrace stops each.
 struct Stub {
-  static constexpr uint64_t kThreadTrampoline = 64;
-  static constexpr uint64_t kCallEntry = 0;
-  static constexpr uint64_t kCallReturnSyscallEnd = 16;  // rip after the final syscall
-  static constexpr uint64_t kSyscallEntry = 32;
-  static constexpr uint64_t kSyscallEnd = 34;  // rip after the requested syscall
-  static constexpr uint64_t kSyscallReturnSyscallEnd = 47;
-  static constexpr uint64_t kMarkedCallEntry = 128;
-  static constexpr uint64_t kMarkedCallReturnSyscallEnd = 128 + 0x37;  // rip after its rt_sigreturn
-  static constexpr uint64_t kScratchSetup = 192;
-  static constexpr size_t kSize = 256;
+  static constexpr uint64_t kThreadTrampoline = REMORA_X86_64_STUB_THREAD_TRAMPOLINE;
+  static constexpr uint64_t kCallEntry = REMORA_X86_64_STUB_CALL_ENTRY;
+  static constexpr uint64_t kCallReturnSyscallEnd = REMORA_X86_64_STUB_CALL_RETURN_SYSCALL_END;
+  static constexpr uint64_t kSyscallEntry = REMORA_X86_64_STUB_SYSCALL_ENTRY;
+  static constexpr uint64_t kSyscallEnd = REMORA_X86_64_STUB_SYSCALL_END;
+  static constexpr uint64_t kSyscallReturnSyscallEnd = REMORA_X86_64_STUB_SYSCALL_RETURN_SYSCALL_END;
+  static constexpr uint64_t kMarkedCallEntry = REMORA_X86_64_STUB_MARKED_CALL_ENTRY;
+  static constexpr uint64_t kMarkedCallReturnSyscallEnd = REMORA_X86_64_STUB_MARKED_CALL_RETURN_SYSCALL_END;
+  static constexpr uint64_t kScratchSetup = REMORA_X86_64_STUB_SCRATCH_SETUP;
+  static constexpr size_t kSize = REMORA_X86_64_STUB_SIZE;
 };
+// A copy of the assembled block. Defined on x86_64 hosts only, where the
+// .S is assembled: the controller's engine runs nowhere else. Never fails.
 std::array<std::byte, Stub::kSize> stub_code();
 
 // The block the thread trampoline works on (in target memory).
