@@ -115,9 +115,12 @@ class Process {
  public:
   // Stops every thread of `pid` (seizing each and rescanning /proc/PID/task
   // until no new thread appears) and returns with the link map consistent.
-  // Errors: kInvalidArgument (pid <= 0), kOwnProcess, kNoSuchProcess,
-  // kZombie, kKernelThread, kStaticBinary (no dynamic loader),
-  // kTracedByOther (another tracer or another handle), kPtraceDenied (the
+  // Errors (the checks before any thread is touched are
+  // ptrace::precheck_open's, shared with remote::Target::open, so both give
+  // the same refusal): kInvalidArgument (pid <= 0, or a thread id),
+  // kOwnProcess (the caller or one of its threads), kNoSuchProcess, kZombie,
+  // kKernelThread, kStaticBinary (no dynamic loader), kTracedByOther
+  // (another tracer, or another handle: errno EBUSY), kPtraceDenied (the
   // message names the refusing rule).
   static Result<std::unique_ptr<Process>> open(pid_t pid);
 
@@ -165,9 +168,11 @@ class Process {
   Result<RemoteAddr> find_symbol(std::string_view library, std::string_view symbol);
 
   // Calls `fn(args...)` (up to six integers) on thread `tid` (0: the first
-  // thread) while every other thread stays stopped, and returns rax. The
-  // thread's registers, FP/SIMD state and signal mask are restored afterwards;
-  // signals are blocked on it during the call (they stay pending). The return
+  // thread) while every other thread stays stopped, and returns its integer
+  // return value. The thread's registers, FP/SIMD state and signal mask are
+  // restored afterwards; signals are blocked on it during the call (they stay
+  // pending), and a signal sent to it meanwhile is delivered later, not
+  // taken for a fault (Errc::kFault only for one the code raised). The return
   // address is a temporary int3 at the program's entry point (AT_ENTRY, which
   // runs once at start-up and never again), removed afterwards. Because the
   // other threads are stopped, `fn` must not wait for them (a lock one of them

@@ -245,7 +245,9 @@ long host_page_size() {
 
 class ElfParser {
  public:
-  static Result<std::shared_ptr<const ElfImage>> parse_file(std::span<const std::byte> bytes);
+  static Result<std::shared_ptr<const ElfImage>> parse_file(std::span<const std::byte> bytes,
+                                                            bool with_symbols = true);
+  static Result<std::shared_ptr<const ElfImage>> parse_fd(int fd, bool with_symbols);
   static Result<std::shared_ptr<const ElfImage>> parse_memory(uint64_t base, const ReadFn& read,
                                                               bool with_symbols);
 
@@ -520,7 +522,8 @@ void ElfParser::build_symtab_index(ElfImage& img) {
   }
 }
 
-Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const std::byte> bytes) {
+Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const std::byte> bytes,
+                                                              bool with_symbols) {
   if (bytes.size() < sizeof(Elf64_Ehdr)) {
     return parse_error("truncated ELF header: file has " + std::to_string(bytes.size()) + " bytes, need " +
                        std::to_string(sizeof(Elf64_Ehdr)));
@@ -564,6 +567,7 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
       break;
     }
   }
+  if (!with_symbols) return std::shared_ptr<const ElfImage>(std::move(img));
 
   DynInfo info;
   if (ph.dynamic) {
@@ -673,7 +677,13 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::from_file_bytes(std::vector<st
   return ElfParser::parse_file(bytes);
 }
 
-Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) {
+Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) { return ElfParser::parse_fd(fd, true); }
+
+Result<std::shared_ptr<const ElfImage>> ElfImage::headers_from_fd(int fd) {
+  return ElfParser::parse_fd(fd, false);
+}
+
+Result<std::shared_ptr<const ElfImage>> ElfParser::parse_fd(int fd, bool with_symbols) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Error::from_errno("fstat ELF file");
   if (!S_ISREG(st.st_mode))
@@ -692,7 +702,7 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) {
     const size_t size = static_cast<size_t>(st.st_size);
     void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map != MAP_FAILED) {
-      auto parsed = ElfParser::parse_file(std::span(static_cast<const std::byte*>(map), size));
+      auto parsed = parse_file(std::span(static_cast<const std::byte*>(map), size), with_symbols);
       ::munmap(map, size);
       return parsed;
     }
@@ -710,7 +720,7 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::from_fd(int fd) {
     got += static_cast<size_t>(n);
   }
   bytes.resize(got);
-  return from_file_bytes(std::move(bytes));
+  return parse_file(bytes, with_symbols);
 }
 
 Result<std::shared_ptr<const ElfImage>> ElfImage::from_memory(uint64_t base, const ReadFn& read) {
@@ -834,6 +844,25 @@ const LoadSegment* ElfImage::segment_for(uint64_t vaddr) const {
     if (vaddr >= seg.vaddr && vaddr - seg.vaddr < seg.memsz) return &seg;
   }
   return nullptr;
+}
+
+InitTags read_init_tags(uint64_t dynamic, const ReadFn& read) {
+  InitTags t;
+  for (uint64_t i = 0; i < 1024; ++i) {
+    auto addr = checked_add(dynamic, i * sizeof(Elf64_Dyn));
+    if (!addr) break;
+    auto d = read_pod<Elf64_Dyn>(read, *addr);
+    if (!d || d->d_tag == DT_NULL) break;
+    switch (d->d_tag) {
+      case DT_INIT: t.init = d->d_un.d_ptr; break;
+      case DT_INIT_ARRAY: t.init_array = d->d_un.d_ptr; break;
+      case DT_INIT_ARRAYSZ: t.init_arraysz = d->d_un.d_val; break;
+      case DT_PREINIT_ARRAY: t.preinit_array = d->d_un.d_ptr; break;
+      case DT_PREINIT_ARRAYSZ: t.preinit_arraysz = d->d_un.d_val; break;
+      default: break;
+    }
+  }
+  return t;
 }
 
 Result<std::optional<std::vector<std::byte>>> find_build_id_in_notes(std::span<const std::byte> notes) {

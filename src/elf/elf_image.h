@@ -56,6 +56,11 @@ class ElfImage {
   static Result<std::shared_ptr<const ElfImage>> from_file_bytes(std::vector<std::byte> bytes);
   // Reads and parses the file behind `fd` (whole file; fd stays open and owned by the caller).
   static Result<std::shared_ptr<const ElfImage>> from_fd(int fd);
+  // As from_fd, but parses only the ELF and program headers and the notes
+  // (type, entry, segments, PT_INTERP, Build ID): no symbol tables. For
+  // questions about a program file before it runs ("does it ask for a
+  // dynamic loader?"), cheap even for a binary with a huge .symtab.
+  static Result<std::shared_ptr<const ElfImage>> headers_from_fd(int fd);
   // Parses an image mapped at `base` (the address of its ELF header, i.e. the
   // start of the mapping with file offset 0) in another process, through
   // `read`. Only program headers and what PT_DYNAMIC points at are used; the
@@ -131,6 +136,20 @@ class ElfImage {
 // bounds and 4-byte alignment of every note. Shared by the file and memory
 // readers so both validate identically.
 Result<std::optional<std::vector<std::byte>>> find_build_id_in_notes(std::span<const std::byte> notes);
+
+// The initialisation entries of a dynamic section: what the loader runs
+// before main. Values are as the entries hold them (glibc leaves these tags
+// unrelocated in place, so they may be unbiased vaddrs; see the caller).
+struct InitTags {
+  uint64_t init = 0;                                // DT_INIT
+  uint64_t init_array = 0, init_arraysz = 0;        // DT_INIT_ARRAY, DT_INIT_ARRAYSZ (bytes)
+  uint64_t preinit_array = 0, preinit_arraysz = 0;  // DT_PREINIT_ARRAY, DT_PREINIT_ARRAYSZ (bytes)
+};
+// Walks the dynamic section at `dynamic` (a loaded image's l_ld) through
+// `read`, entry by entry up to DT_NULL (at most 1024 entries: the section's
+// size is not known from l_ld). An entry that cannot be read ends the walk
+// with what was found so far; never fails.
+InitTags read_init_tags(uint64_t dynamic, const ReadFn& read);
 
 // Hash functions used by the dynamic loader (exposed for tests).
 uint32_t gnu_hash(std::string_view name);

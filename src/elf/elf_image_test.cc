@@ -818,5 +818,73 @@ TEST(ImageCacheTest, ConcurrentGetOrLoad) {
 
 TEST(ImageCacheTest, GlobalIsASingleton) { EXPECT_EQ(&ImageCache::global(), &ImageCache::global()); }
 
+// Program headers only: this test program asks for a loader, the fixture
+// (a shared object) does not; neither loads symbols.
+TEST(ElfHeadersFromFd, InterpWithoutSymbols) {
+  UniqueFd self(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(self);
+  auto exe = ElfImage::headers_from_fd(self.get());
+  ASSERT_TRUE(exe.ok()) << exe.error().to_string();
+  EXPECT_TRUE((*exe)->has_interp());
+  EXPECT_FALSE((*exe)->find_symbol("main").has_value());
+  auto full = ElfImage::from_fd(self.get());
+  ASSERT_TRUE(full.ok()) << full.error().to_string();
+  EXPECT_EQ((*full)->build_id_hex(), (*exe)->build_id_hex());
+  EXPECT_EQ((*full)->entry(), (*exe)->entry());
+
+  UniqueFd lib(::open(REMORA_ELF_FIXTURE_GNU, O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(lib);
+  auto so = ElfImage::headers_from_fd(lib.get());
+  ASSERT_TRUE(so.ok()) << so.error().to_string();
+  EXPECT_FALSE((*so)->has_interp());
+  EXPECT_TRUE((*so)->has_dynamic());
+
+  UniqueFd text(::open("/proc/self/status", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(text);
+  auto bad = ElfImage::headers_from_fd(text.get());
+  EXPECT_FALSE(bad.ok());
+}
+
+// The init tags of a dynamic section, read through a callback, from tables.
+TEST(ElfInitTags, Table) {
+  struct Case {
+    const char* name;
+    std::vector<Elf64_Dyn> dyn;
+    size_t readable;  // entries the callback can read
+    InitTags want;
+  };
+  auto e = [](int64_t tag, uint64_t v) {
+    Elf64_Dyn d{};
+    d.d_tag = tag;
+    d.d_un.d_val = v;
+    return d;
+  };
+  const std::vector<Case> cases = {
+      {"all",
+       {e(DT_INIT, 0x10), e(DT_INIT_ARRAY, 0x20), e(DT_INIT_ARRAYSZ, 16), e(DT_PREINIT_ARRAY, 0x30),
+        e(DT_PREINIT_ARRAYSZ, 8), e(DT_NULL, 0)},
+       6,
+       {0x10, 0x20, 16, 0x30, 8}},
+      {"stops at DT_NULL", {e(DT_NEEDED, 1), e(DT_NULL, 0), e(DT_INIT, 0x10)}, 3, {}},
+      {"unreadable tail", {e(DT_INIT, 0x10), e(DT_INIT_ARRAY, 0x20)}, 1, {0x10, 0, 0, 0, 0}},
+      {"nothing readable", {e(DT_INIT, 0x10)}, 0, {}},
+  };
+  constexpr uint64_t kBase = 0x1000;
+  for (const Case& c : cases) {
+    ReadFn read = [&](uint64_t addr, std::span<std::byte> out) -> Result<void> {
+      const uint64_t limit = kBase + c.readable * sizeof(Elf64_Dyn);
+      if (addr < kBase || addr + out.size() > limit) return Error(Errc::kIo, "unmapped");
+      std::memcpy(out.data(), reinterpret_cast<const std::byte*>(c.dyn.data()) + (addr - kBase), out.size());
+      return ok();
+    };
+    InitTags got = read_init_tags(kBase, read);
+    EXPECT_EQ(got.init, c.want.init) << c.name;
+    EXPECT_EQ(got.init_array, c.want.init_array) << c.name;
+    EXPECT_EQ(got.init_arraysz, c.want.init_arraysz) << c.name;
+    EXPECT_EQ(got.preinit_array, c.want.preinit_array) << c.name;
+    EXPECT_EQ(got.preinit_arraysz, c.want.preinit_arraysz) << c.name;
+  }
+}
+
 }  // namespace
 }  // namespace remora::elf

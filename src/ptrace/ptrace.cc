@@ -1,6 +1,7 @@
 #include "ptrace/ptrace.h"
 
 #include <elf.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
@@ -31,6 +32,10 @@ const char* request_name(int req) {
     case PTRACE_DETACH: return "DETACH";
     case PTRACE_CONT: return "CONT";
     case PTRACE_SYSCALL: return "SYSCALL";
+    case PTRACE_SINGLESTEP: return "SINGLESTEP";
+    case PTRACE_LISTEN: return "LISTEN";
+    case PTRACE_GETEVENTMSG: return "GETEVENTMSG";
+    case PTRACE_SETOPTIONS: return "SETOPTIONS";
     case PTRACE_GETREGS: return "GETREGS";
     case PTRACE_SETREGS: return "SETREGS";
     case PTRACE_GETREGSET: return "GETREGSET";
@@ -126,6 +131,18 @@ Result<void> interrupt(pid_t tid) { return simple(PTRACE_INTERRUPT, tid, nullptr
 Result<void> detach(pid_t tid, int sig) { return simple(PTRACE_DETACH, tid, nullptr, sig_arg(sig)); }
 Result<void> cont(pid_t tid, int sig) { return simple(PTRACE_CONT, tid, nullptr, sig_arg(sig)); }
 Result<void> cont_syscall(pid_t tid, int sig) { return simple(PTRACE_SYSCALL, tid, nullptr, sig_arg(sig)); }
+Result<void> single_step(pid_t tid, int sig) { return simple(PTRACE_SINGLESTEP, tid, nullptr, sig_arg(sig)); }
+Result<void> listen(pid_t tid) { return simple(PTRACE_LISTEN, tid, nullptr, nullptr); }
+
+Result<unsigned long> get_event_msg(pid_t tid) {
+  unsigned long msg = 0;
+  REMORA_TRY(request(PTRACE_GETEVENTMSG, tid, nullptr, &msg));
+  return msg;
+}
+
+Result<void> set_options(pid_t tid, unsigned long options) {
+  return simple(PTRACE_SETOPTIONS, tid, nullptr, reinterpret_cast<void*>(options));
+}
 
 Result<Regs> get_regs(pid_t tid) {
   Regs r{};
@@ -242,62 +259,120 @@ Stop decode(int status) {
 
 }  // namespace
 
-Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  long sleep_ns = 20'000;
+namespace {
+
+enum class Probe { kNothing, kGot, kVanished, kError };
+
+// Checks `tid` once, without blocking. Peeks first (WNOWAIT), then consumes a
+// stop with a call that cannot reap, so that an exit is reaped only when the
+// caller wants it reaped (see WaitOptions::leave_child_exit).
+Probe probe(pid_t tid, bool leave_child_exit, Stop* out, int* err) {
   for (;;) {
-    // Peek first (WNOWAIT), then consume stops with a call that cannot reap:
-    // the exit of a thread-group leader that is our own child must stay for
-    // our caller's waitpid() to collect -- the tracer is not the only one
-    // waiting for it.
     siginfo_t si{};
     int rc = ::waitid(P_PID, static_cast<id_t>(tid), &si, WEXITED | WSTOPPED | __WALL | WNOHANG | WNOWAIT);
     if (rc == -1) {
       if (errno == EINTR) continue;
-      if (errno == ECHILD)
+      *err = errno;
+      return errno == ECHILD ? Probe::kVanished : Probe::kError;
+    }
+    if (si.si_pid != tid) return Probe::kNothing;
+    if (si.si_code == CLD_TRAPPED || si.si_code == CLD_STOPPED) {
+      siginfo_t got{};
+      if (::waitid(P_PID, static_cast<id_t>(tid), &got, WSTOPPED | __WALL | WNOHANG) == 0 &&
+          got.si_pid == tid) {
+        // For a ptrace stop, si_status is the whole stop code: signal,
+        // 0x80 for a syscall stop, and the event in bits 8-15.
+        *out = decode((got.si_status << 8) | 0x7f);
+        REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d", tid, stop_kind_name(out->kind), out->sig,
+                   out->event);
+        return Probe::kGot;
+      }
+      continue;  // changed meanwhile (killed): look again
+    }
+    Stop st{si.si_code == CLD_EXITED ? Stop::Kind::kExited : Stop::Kind::kKilled};
+    if (si.si_code == CLD_EXITED)
+      st.exit_status = si.si_status;
+    else
+      st.sig = si.si_status;
+    bool leave = false;
+    if (leave_child_exit) {
+      auto status = procfs::read_status(tid);
+      leave = status && status->tgid == tid && status->ppid == getpid();
+    }
+    if (!leave) {
+      siginfo_t reaped{};
+      (void)::waitid(P_PID, static_cast<id_t>(tid), &reaped, WEXITED | __WALL | WNOHANG);
+    }
+    REMORA_LOG(kPtrace, "wait tid=%d -> %s%s", tid, stop_kind_name(st.kind),
+               leave ? " (left for its parent to reap)" : "");
+    *out = st;
+    return Probe::kGot;
+  }
+}
+
+}  // namespace
+
+Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const WaitOptions& opts) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  long sleep_ns = 20'000;
+  const bool watch = opts.wake_fd >= 0;
+  for (;;) {
+    for (pid_t tid : tids) {
+      Waited w;
+      w.tid = tid;
+      switch (probe(tid, opts.leave_child_exit, &w.stop, &w.err)) {
+        case Probe::kNothing: continue;
+        case Probe::kGot: w.kind = Waited::Kind::kStop; return w;
+        case Probe::kVanished:
+          REMORA_LOG(kPtrace, "wait tid=%d -> vanished (ECHILD)", tid);
+          w.kind = Waited::Kind::kVanished;
+          return w;
+        case Probe::kError: w.kind = Waited::Kind::kError; return w;
+      }
+    }
+    if (deadline.expired()) return Waited{Waited::Kind::kTimeout};
+    pollfd pfd{opts.wake_fd, POLLIN, 0};
+    if (Clock::now() - start < std::chrono::microseconds(300)) {
+      if (watch && ::poll(&pfd, 1, 0) > 0) return Waited{Waited::Kind::kWake};
+      sched_yield();
+      continue;
+    }
+    timespec ts{0, std::min<long>(sleep_ns, deadline.remaining().count() + 1)};
+    int n = ::ppoll(watch ? &pfd : nullptr, watch ? 1 : 0, &ts, nullptr);
+    if (n > 0) return Waited{Waited::Kind::kWake};
+    if (n < 0 && errno == EINTR) return Waited{Waited::Kind::kSignal};
+    sleep_ns = std::min<long>(sleep_ns * 2, 1'000'000);
+  }
+}
+
+Result<Stop> wait_stop(pid_t tid, const Deadline& deadline) {
+  const pid_t one[] = {tid};
+  for (;;) {
+    Waited w = wait_any(one, deadline, WaitOptions{-1, true});
+    switch (w.kind) {
+      case Waited::Kind::kStop: return w.stop;
+      case Waited::Kind::kSignal:
+      case Waited::Kind::kWake: continue;  // the caller's signal is not ours to act on
+      case Waited::Kind::kVanished:
         return Error(Errc::kTargetExited, "thread " + std::to_string(tid) + " is gone (no longer traced)",
                      ECHILD);
-      return Error::from_errno("waitid(" + std::to_string(tid) + ")");
+      case Waited::Kind::kError: return Error::from_errno("waitid(" + std::to_string(tid) + ")", w.err);
+      case Waited::Kind::kTimeout:
+        return Error(Errc::kTimedOut, "thread " + std::to_string(tid) + " did not stop in time");
     }
-    if (si.si_pid == tid) {
-      if (si.si_code == CLD_TRAPPED || si.si_code == CLD_STOPPED) {
-        siginfo_t got{};
-        if (::waitid(P_PID, static_cast<id_t>(tid), &got, WSTOPPED | __WALL | WNOHANG) == 0 &&
-            got.si_pid == tid) {
-          // For a ptrace stop, si_status is the whole stop code: signal,
-          // 0x80 for a syscall stop, and the event in bits 8-15.
-          Stop st = decode((got.si_status << 8) | 0x7f);
-          REMORA_LOG(kPtrace, "wait tid=%d -> %s sig=%d event=%d", tid, stop_kind_name(st.kind), st.sig,
-                     st.event);
-          return st;
-        }
-        continue;  // changed meanwhile: look again
-      }
-      Stop st{si.si_code == CLD_EXITED ? Stop::Kind::kExited : Stop::Kind::kKilled};
-      if (si.si_code == CLD_EXITED)
-        st.exit_status = si.si_status;
-      else
-        st.sig = si.si_status;
-      auto status = procfs::read_status(tid);
-      bool our_child_leader = status && status->tgid == tid && status->ppid == getpid();
-      if (!our_child_leader) {
-        siginfo_t reaped{};
-        (void)::waitid(P_PID, static_cast<id_t>(tid), &reaped, WEXITED | __WALL | WNOHANG);
-      }
-      REMORA_LOG(kPtrace, "wait tid=%d -> %s%s", tid, stop_kind_name(st.kind),
-                 our_child_leader ? " (left for its parent to reap)" : "");
-      return st;
-    }
-    if (deadline.expired())
-      return Error(Errc::kTimedOut, "thread " + std::to_string(tid) + " did not stop in time");
-    if (Clock::now() - start < std::chrono::microseconds(300)) {
-      sched_yield();
-    } else {
-      timespec ts{0, std::min<long>(sleep_ns, deadline.remaining().count() + 1)};
-      nanosleep(&ts, nullptr);
-      sleep_ns = std::min<long>(sleep_ns * 2, 1'000'000);
-    }
+  }
+}
+
+bool is_fault(const siginfo_t& si) {
+  switch (si.si_signo) {
+    case SIGSEGV:
+    case SIGBUS:
+    case SIGILL:
+    case SIGFPE:
+    case SIGTRAP:
+    case SIGSYS: return si.si_code > 0;  // generated by the kernel for this thread's own instruction
+    default: return false;
   }
 }
 
@@ -316,6 +391,74 @@ Result<void> precheck_attach(pid_t pid, const procfs::Status& st) {
                  EPERM);
   }
   return ok();
+}
+
+namespace {
+
+// Kernels before 6.10 have no "Kthread:" line: PF_KTHREAD in stat says it.
+bool is_kernel_thread(pid_t pid, const procfs::Status& st) {
+  if (st.kthread) return *st.kthread;
+  auto stat = procfs::read_stat(pid);
+  return stat && (stat->flags & 0x00200000u) != 0;  // PF_KTHREAD
+}
+
+// The checks that need no tracer: what the pid names.
+Result<procfs::Status> precheck_identity(pid_t pid) {
+  const std::string p = std::to_string(pid);
+  if (pid <= 0)
+    return Error(Errc::kInvalidArgument, "invalid process id " + p + "; give a pid greater than 0");
+  if (pid == ::getpid())
+    return Error(Errc::kOwnProcess, "pid " + p +
+                                        " is this process itself; a process cannot trace itself: run "
+                                        "remora from another process");
+  auto st = procfs::read_status(pid);
+  if (!st) {
+    if (st.error().code() == Errc::kNoSuchProcess)
+      return Error(Errc::kNoSuchProcess, "no process " + p + " (it may have exited); check the pid with ps",
+                   ESRCH);
+    return std::move(st).error();
+  }
+  if (st->tgid == ::getpid())
+    return Error(Errc::kOwnProcess, p + " is a thread of this process; a process cannot trace itself: run "
+                                        "remora from another process");
+  if (st->tgid != pid)
+    return Error(Errc::kInvalidArgument, p + " is a thread of process " + std::to_string(st->tgid) +
+                                             "; give the process id " + std::to_string(st->tgid) +
+                                             " instead (use -T to pick a thread)");
+  if (st->state == 'Z' || st->state == 'X')
+    return Error(Errc::kZombie, "process " + p + " is a zombie: it has exited and waits for its parent (" +
+                                    std::to_string(st->ppid) +
+                                    ") to reap it; there is nothing left to trace");
+  if (is_kernel_thread(pid, *st))
+    return Error(Errc::kKernelThread, "process " + p + " (" + st->name +
+                                          ") is a kernel thread: it has no user space to trace; pick a "
+                                          "user-space process");
+  return st;
+}
+
+}  // namespace
+
+Result<procfs::Status> precheck_open(pid_t pid) {
+  auto st = REMORA_TRY(precheck_identity(pid));
+  if (st.tracer_pid == 0) {
+    REMORA_TRY(precheck_attach(pid, st));
+    return st;
+  }
+  // Another controller's call holds a thread only for a moment: wait it out
+  // before refusing, so that two controllers can open a process at once.
+  if (ptrace::wait_until_untraced(pid, 0, Deadline::after(kPassingTracerGrace))) {
+    // Read again: the process may have changed (or ended) meanwhile.
+    st = REMORA_TRY(precheck_identity(pid));
+  }
+  // A tracer thread of this very process: another handle holds it.
+  if (st.tracer_pid != 0 && procfs::read_status(::getpid(), st.tracer_pid))
+    return Error(Errc::kTracedByOther,
+                 "process " + std::to_string(pid) +
+                     " is already held by another handle (or tracer) of this process; close that handle "
+                     "first",
+                 EBUSY);
+  REMORA_TRY(precheck_attach(pid, st));
+  return st;
 }
 
 Error diagnose_attach_failure(pid_t pid, int err) {

@@ -37,6 +37,16 @@ Result<void> detach(pid_t tid, int sig = 0);
 Result<void> cont(pid_t tid, int sig = 0);
 // Resume until the next system call entry or exit (PTRACE_SYSCALL).
 Result<void> cont_syscall(pid_t tid, int sig = 0);
+// Execute one instruction, then stop with SIGTRAP (PTRACE_SINGLESTEP).
+Result<void> single_step(pid_t tid, int sig = 0);
+// Leave a thread in its group-stop while still traced (PTRACE_LISTEN; only
+// valid at a PTRACE_EVENT_STOP of a job-control signal).
+Result<void> listen(pid_t tid);
+// The message of the last PTRACE_EVENT_* stop (PTRACE_GETEVENTMSG): the new
+// tid for clone/fork/vfork, the former tid for exec, the wait status for exit.
+Result<unsigned long> get_event_msg(pid_t tid);
+// Replaces the PTRACE_O_* options of a seized thread (PTRACE_SETOPTIONS).
+Result<void> set_options(pid_t tid, unsigned long options);
 
 Result<Regs> get_regs(pid_t tid);
 Result<void> set_regs(pid_t tid, const Regs& regs);
@@ -75,15 +85,60 @@ struct Stop {
 };
 const char* stop_kind_name(Stop::Kind k);
 
-// Waits for the next stop of `tid` until `deadline`. Returns Errc::kTimedOut
-// when it passes (the tracee is left as it is).
+// ---- waiting: every wait for a tracee goes through wait_any ----
 //
 // Why polling: a blocking waitid() cannot be given a deadline without a
 // signal handler in the controller (intrusive for a library: the caller owns
 // its signals), and pidfds report exits, not ptrace stops. The wait first
 // spins briefly with sched_yield (a ptrace stop usually arrives within tens of
-// microseconds), then backs off with short sleeps.
+// microseconds), then backs off with short sleeps (20 us doubling to 1 ms).
+//
+// Each tid is asked for by its own id (waitid(P_PID, tid, __WALL)), never
+// with P_ALL: that would steal the stops of tracees that other handles in
+// the same controller hold, and reap the caller's other children.
+
+struct WaitOptions {
+  // Readable (an eventfd or pipe): ends the wait with Waited::kWake. The fd is
+  // only polled, never read. -1: none.
+  int wake_fd = -1;
+  // Leave the exit of a thread-group leader that is the caller's own child
+  // unreaped, for the caller's waitpid() (the tracer is not the only one
+  // waiting for it). Otherwise an exit is reaped when it is reported.
+  bool leave_child_exit = false;
+};
+
+// What a wait observed.
+struct Waited {
+  enum class Kind {
+    kStop,      // `tid` stopped or ended: `stop`
+    kVanished,  // `tid` is not (or no longer) ours to wait for (ECHILD)
+    kWake,      // WaitOptions::wake_fd became readable
+    kSignal,    // a signal interrupted the caller's thread (EINTR)
+    kTimeout,   // the deadline passed; every tracee is left as it is
+    kError,     // waitid failed otherwise: `err`
+  } kind = Kind::kTimeout;
+  pid_t tid = 0;
+  Stop stop{Stop::Kind::kExited};
+  int err = 0;
+};
+
+// Waits until the first of `tids` stops or ends, or `deadline` passes. Each
+// tid is checked once before the deadline is looked at, so an expired
+// deadline makes a non-blocking check. When several tids have news, the
+// first in `tids` order is reported; the others stay for the next call.
+Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const WaitOptions& opts = {});
+
+// Waits for the next stop of `tid` until `deadline` (wait_any for one tid,
+// leaving a child leader's exit for its parent to reap). Returns
+// Errc::kTimedOut when it passes (the tracee is left as it is) and
+// Errc::kTargetExited when the tid is no longer traced.
 Result<Stop> wait_stop(pid_t tid, const Deadline& deadline);
+
+// Whether a signal stop with this siginfo is a fault: SIGSEGV, SIGBUS, SIGILL,
+// SIGFPE, SIGTRAP or SIGSYS raised by the kernel for the thread's own
+// instruction (si_code > 0). The same signal sent by kill/tgkill/sigqueue
+// (si_code <= 0) is an ordinary signal to deliver, never a fault.
+bool is_fault(const siginfo_t& si);
 
 // Explains why attaching to `pid` failed with `err` (EPERM/EACCES/ESRCH/...):
 // which rule refused (another tracer, uid mismatch, missing CAP_SYS_PTRACE,
@@ -100,6 +155,22 @@ inline constexpr std::chrono::milliseconds kPassingTracerGrace{250};
 // false when a tracer still holds it, or when the tracer is the calling
 // thread itself, which waiting cannot free.
 bool wait_until_untraced(pid_t pid, pid_t tid, const Deadline& deadline);
+
+// The one pre-check for "can this process be opened" (remote::Target::open
+// and control::Process::open). Reads /proc/PID/status and refuses, each with
+// its own code and a message that says what to do:
+//   kInvalidArgument  pid <= 0, or a thread id that is not a process id
+//   kOwnProcess       the calling process, or one of its threads
+//   kNoSuchProcess    no such process
+//   kZombie           the process has exited and awaits its parent's wait
+//   kKernelThread     a kernel thread ("Kthread:" line, else PF_KTHREAD)
+//   kTracedByOther    another tracer (a passing one is waited out for
+//                     kPassingTracerGrace first), or another handle of this
+//                     controller (errno EBUSY)
+//   kPtraceDenied     precheck_attach's refusals
+// Returns the status it read (read again after waiting out a tracer).
+// Errors carry no "open process N" context: the caller adds its own.
+Result<procfs::Status> precheck_open(pid_t pid);
 
 // A best-effort description of the controller's ability to trace `pid`;
 // returns an Error (kTracedByOther / kPtraceDenied) when attaching would fail

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,11 +14,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "control/process.h"
+#include "ptrace/ptrace.h"
+#include "remote/target.h"
 
 namespace fs = std::filesystem;
 using namespace remora;
@@ -566,6 +570,223 @@ TEST_F(ControlTest, ErrorMissingLibraryBeforeStop) {
   ASSERT_TRUE(p.ok()) << p.error().to_string();
   int st = run_to_exit(**p);
   EXPECT_TRUE(WIFEXITED(st));
+}
+
+// ---- the fault rule ----
+
+// A SIGSEGV sent with tgkill while the called function runs is the process's
+// signal, not a fault of the call: the call returns its value, and the signal
+// reaches the program's own handler afterwards.
+TEST_F(ControlTest, SignalSentByKillDuringCallIsNotAFault) {
+  pid_t pid = spawn({"loop"});
+  auto p = Process::open(pid);
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  auto fn = (*p)->find_symbol("", "ctl_signal_window");
+  ASSERT_TRUE(fn.ok()) << fn.error().to_string();
+  bool sent = false;
+  std::thread sender([&] {
+    if (wait_marker("in_call")) sent = ::syscall(SYS_tgkill, pid, pid, SIGSEGV) == 0;
+    touch("go_on");
+  });
+  auto r = (*p)->call(*fn, {}, pid, 20s);
+  sender.join();
+  ASSERT_TRUE(sent) << "the call never reached its signal window";
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  EXPECT_EQ(*r, 42u);
+  touch("quit");
+  int st = run_to_exit(**p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_TRUE(has("segv_handled")) << "the SIGSEGV sent during the call was swallowed";
+}
+
+// A real fault of the called code (a jump to address 0) is one, and the
+// thread is restored: the program runs on to its normal exit.
+TEST_F(ControlTest, FaultOfTheCalledFunctionIsAFault) {
+  auto p = Process::launch(opts({"exit", "3"}));
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  auto r = (*p)->call(RemoteAddr(0), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), Errc::kFault) << r.error().to_string();
+  int st = run_to_exit(**p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << st;
+}
+
+// ---- the shared open pre-check ----
+
+// /proc/PID/stat as one line (empty when the process is gone).
+std::string proc_stat(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(in, text);
+  return text;
+}
+
+char proc_state(pid_t pid) {
+  const std::string text = proc_stat(pid);
+  size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() ? '?' : text[paren + 2];
+}
+
+bool is_kernel_thread(pid_t pid) {
+  const std::string text = proc_stat(pid);
+  size_t paren = text.rfind(')');
+  if (paren == std::string::npos) return false;
+  std::istringstream rest(text.substr(paren + 2));
+  std::string field;
+  for (int i = 0; i < 7 && rest >> field; ++i) {  // state ppid pgrp session tty_nr tpgid flags
+  }
+  return !field.empty() && (std::stoul(field) & 0x00200000u) != 0;  // PF_KTHREAD
+}
+
+// remote::Target::open and control::Process::open refuse `pid` with the same
+// code and message (context aside).
+void expect_same_refusal(pid_t pid, Errc want) {
+  auto t = remote::Target::open(pid);
+  auto p = Process::open(pid);
+  ASSERT_FALSE(t.ok()) << "Target::open(" << pid << ") succeeded";
+  ASSERT_FALSE(p.ok()) << "Process::open(" << pid << ") succeeded";
+  EXPECT_EQ(t.error().code(), want) << t.error().to_string();
+  EXPECT_EQ(p.error().code(), want) << p.error().to_string();
+  EXPECT_EQ(t.error().message(), p.error().message());
+  EXPECT_NE(p.error().message().find(std::to_string(pid)), std::string::npos) << p.error().message();
+}
+
+TEST_F(ControlTest, PrecheckSameRefusalOwnProcessAndThread) {
+  expect_same_refusal(getpid(), Errc::kOwnProcess);
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> done{false};
+  std::thread th([&] {
+    tid = static_cast<pid_t>(::gettid());
+    while (!done) std::this_thread::yield();
+  });
+  auto dl = Deadline::after(10s);
+  while (tid == 0 && !dl.expired()) std::this_thread::yield();
+  pid_t mine = tid;
+  if (mine != 0) expect_same_refusal(mine, Errc::kOwnProcess);
+  done = true;
+  th.join();
+  ASSERT_NE(mine, 0) << "the helper thread never started";
+  expect_same_refusal(-4, Errc::kInvalidArgument);
+}
+
+TEST_F(ControlTest, PrecheckSameRefusalZombie) {
+  pid_t c = fork();
+  ASSERT_GE(c, 0);
+  if (c == 0) _exit(0);
+  spawned_.push_back(c);  // reaped by TearDown, even when an assertion fails
+  auto dl = Deadline::after(10s);
+  while (proc_state(c) != 'Z' && !dl.expired()) std::this_thread::yield();
+  ASSERT_EQ(proc_state(c), 'Z');
+  expect_same_refusal(c, Errc::kZombie);
+}
+
+TEST_F(ControlTest, PrecheckSameRefusalKernelThread) {
+  if (!is_kernel_thread(2))
+    GTEST_SKIP() << "pid 2 is not a kernel thread here (kthreadd is not visible in this pid namespace)";
+  expect_same_refusal(2, Errc::kKernelThread);
+}
+
+TEST_F(ControlTest, PrecheckSameRefusalThreadId) {
+  pid_t pid = spawn({"threadloop"});
+  pid_t other = 0;
+  auto dl = Deadline::after(10s);
+  while (other == 0 && !dl.expired()) {
+    for (auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+      pid_t t = std::stoi(e.path().filename().string());
+      if (t != pid) other = t;
+    }
+    if (other == 0) std::this_thread::yield();
+  }
+  ASSERT_NE(other, 0) << "ctl_prog threadloop has no second thread";
+  expect_same_refusal(other, Errc::kInvalidArgument);
+  touch("quit");
+  int st = reap(pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+}
+
+// Held by a handle of this very process: both refuse at once (no grace
+// wait: the tracer is the calling thread), naming the other handle.
+TEST_F(ControlTest, PrecheckSameRefusalHeldByAnotherHandle) {
+  pid_t pid = spawn({"loop"});
+  auto held = Process::open(pid);
+  ASSERT_TRUE(held.ok()) << held.error().to_string();
+  auto t0 = std::chrono::steady_clock::now();
+  expect_same_refusal(pid, Errc::kTracedByOther);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, ptrace::kPassingTracerGrace);
+  auto again = Process::open(pid);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().sys_errno(), EBUSY);
+  EXPECT_NE(again.error().message().find("another handle"), std::string::npos) << again.error().message();
+  ASSERT_TRUE((*held)->close(CloseMode::kResume).ok());
+  touch("quit");
+  int st = reap(pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+}
+
+// ---- the wait set (ptrace::wait_any) ----
+
+// Children that block on a pipe until the test closes it (or dies), seized by
+// the test; killed and reaped when it ends, whatever happened.
+struct SeizedChildren {
+  std::vector<pid_t> pids;
+  int hold[2] = {-1, -1};
+  SeizedChildren() { EXPECT_EQ(pipe(hold), 0); }
+  pid_t start(bool seize) {
+    pid_t c = fork();
+    if (c == 0) {
+      close(hold[1]);
+      char b;
+      while (read(hold[0], &b, 1) < 0 && errno == EINTR) {
+      }
+      _exit(0);
+    }
+    pids.push_back(c);
+    if (seize) {
+      EXPECT_TRUE(ptrace::seize(c, c, 0).ok());
+    }
+    return c;
+  }
+  ~SeizedChildren() {
+    for (pid_t c : pids) kill(c, SIGKILL);
+    for (pid_t c : pids) waitpid(c, nullptr, __WALL);
+    close(hold[0]);
+    close(hold[1]);
+  }
+};
+
+TEST(WaitSet, FirstToStopIsReportedAndADeadlinePassesWithNone) {
+  SeizedChildren kids;
+  const pid_t a = kids.start(true), b = kids.start(true);
+  const pid_t bystander = kids.start(false);  // not in the set: its exit must stay ours to reap
+  const pid_t both[] = {a, b};
+
+  // Both run (blocked in read): nothing to report before the deadline.
+  auto t0 = std::chrono::steady_clock::now();
+  auto none = ptrace::wait_any(both, Deadline::after(30ms));
+  EXPECT_EQ(none.kind, ptrace::Waited::Kind::kTimeout);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 30ms);
+
+  // Only b is stopped: b is reported although a comes first in the set.
+  kill(bystander, SIGKILL);
+  ASSERT_TRUE(ptrace::interrupt(b).ok());
+  auto w = ptrace::wait_any(both, Deadline::after(10s));
+  ASSERT_EQ(w.kind, ptrace::Waited::Kind::kStop);
+  EXPECT_EQ(w.tid, b);
+  EXPECT_EQ(w.stop.kind, ptrace::Stop::Kind::kInterrupt);
+
+  // Its stop was consumed: with b stopped and a running, nothing more.
+  none = ptrace::wait_any(both, Deadline::after(10ms));
+  EXPECT_EQ(none.kind, ptrace::Waited::Kind::kTimeout);
+
+  // The bystander's exit was left alone (no P_ALL): still ours to reap.
+  siginfo_t si{};
+  auto dl = Deadline::after(10s);
+  while (si.si_pid == 0 && !dl.expired()) {
+    ASSERT_EQ(waitid(P_PID, static_cast<id_t>(bystander), &si, WEXITED | WNOHANG | WNOWAIT), 0);
+    if (si.si_pid == 0) std::this_thread::yield();
+  }
+  EXPECT_EQ(si.si_pid, bystander);
+  EXPECT_EQ(si.si_code, CLD_KILLED);
 }
 
 }  // namespace

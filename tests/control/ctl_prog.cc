@@ -49,6 +49,37 @@ static void* worker(void* arg) {
   return nullptr;
 }
 
+// The tests' signal window (SignalSentByKillDuringCallIsNotAFault): called
+// through Process::call, which blocks every signal; this unblocks them, says
+// it runs (marker "in_call"), waits for the marker "go_on" (at most 10 s) and
+// returns 42. A SIGSEGV that reaches the handler is recorded, and main's loop
+// reports it with the marker "segv_handled".
+static volatile sig_atomic_t g_segv_seen = 0;
+static void on_segv(int) { g_segv_seen = 1; }
+static bool has_marker(const char* name) {
+  const char* dir = getenv("CTL_DIR");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", name);
+  return access(path, F_OK) == 0;
+}
+extern "C" __attribute__((used, noinline, visibility("default"))) long ctl_signal_window(void) {
+  struct sigaction sa {};
+  sa.sa_handler = on_segv;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  marker("in_call");
+  for (int i = 0; i < 10000 && !has_marker("go_on"); ++i) usleep(1000);
+  return 42;
+}
+
+static void* parked_thread(void*) {
+  for (;;) pause();
+  return nullptr;
+}
+
 static char* g_self;
 static void* exec_thread(void*) {
   char* args[] = {g_self, const_cast<char*>("exit"), const_cast<char*>("5"), nullptr};
@@ -103,6 +134,11 @@ int main(int argc, char** argv) {
   }
   if (strcmp(mode, "kill") == 0) raise(SIGKILL);
   if (strcmp(mode, "term") == 0) raise(SIGTERM);
+  if (strcmp(mode, "threadloop") == 0) {  // as loop, with a second thread parked in pause()
+    pthread_t t;
+    pthread_create(&t, nullptr, parked_thread, nullptr);
+    mode = "loop";
+  }
   if (strcmp(mode, "loop") == 0) {  // loop [plugin]: ready marker, then dlopen when asked
     g_plugin = argc > 2 ? argv[2] : nullptr;
     marker("ready");
@@ -115,6 +151,10 @@ int main(int argc, char** argv) {
         unlink(path);
         if (dl_cycle(1) != 0) return 30;
         marker("cycled");
+      }
+      if (g_segv_seen) {
+        g_segv_seen = 0;
+        marker("segv_handled");
       }
       snprintf(path, sizeof path, "%s/quit", dir ? dir : ".");
       if (access(path, F_OK) == 0) {
