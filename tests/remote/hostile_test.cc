@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,10 +22,13 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "arch/x86_64_xstate.h"
 #include "harness.h"
 #include "remote_helpers.h"
 
@@ -163,6 +167,70 @@ void exercise(Target& t, const std::map<std::string, pid_t>& tids, Counts* count
   EXPECT_FALSE(t.scratch_address().has_value()) << "scratch mapping still recorded after close()";
 }
 
+// The restore frame the engine would build for thread `tid` right now: its
+// extended state read through ptrace (seize, interrupt, read, detach).
+std::optional<arch::x86_64::SigFpstate> frame_for_thread(pid_t pid, pid_t tid) {
+  (void)pid;
+  if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) return std::nullopt;
+  std::optional<arch::x86_64::SigFpstate> out;
+  int st = 0;
+  if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0 && ::waitpid(tid, &st, __WALL) == tid &&
+      WIFSTOPPED(st)) {
+    std::vector<std::byte> xs(64 * 1024);
+    iovec iov{xs.data(), xs.size()};
+    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(0x202 /* NT_X86_XSTATE */), &iov) == 0) {
+      xs.resize(iov.iov_len);
+    } else {
+      // No XSAVE: the FXSAVE area alone.
+      xs.assign(512, std::byte{0});
+      if (::ptrace(PTRACE_GETFPREGS, tid, nullptr, xs.data()) != 0) xs.clear();
+    }
+    if (!xs.empty()) out = arch::x86_64::build_sig_fpstate(arch::x86_64::host_xstate_layout(), xs);
+  }
+  (void)::ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+  return out;
+}
+
+// `n` calls on every thread, named by tid: every tenth a system call
+// (getpid), the others remora_probe. Counts the probes that succeeded.
+void calls_on_every_thread(Target& t, const std::map<std::string, pid_t>& tids, int n, Counts* counts) {
+  auto fn = t.find_symbol("", "remora_probe");
+  ASSERT_TRUE(fn.ok()) << describe(fn.error());
+  for (const auto& [role, tid] : tids) {
+    const auto t0 = Clock::now();
+    int failures = 0, mismatches = 0;
+    for (int i = 0; i < n && failures < 3; ++i) {
+      CallOptions opts;
+      opts.tid = tid;
+      if (i % 10 == 9) {
+        std::array<uint64_t, 0> none{};
+        auto r = t.syscall(SYS_getpid, none, opts);
+        if (!r.ok()) {
+          ADD_FAILURE() << role << ": syscall " << i << ": " << describe(r.error());
+          ++failures;
+        } else if (static_cast<pid_t>(r->value) != t.ns_pid()) {
+          ++mismatches;
+        }
+        continue;
+      }
+      auto args = probe_args(i, static_cast<int64_t>(tid));
+      auto r = t.call(*fn, args, opts);
+      if (!r.ok()) {
+        ADD_FAILURE() << role << ": call " << i << ": " << describe(r.error());
+        ++failures;
+        continue;
+      }
+      ++counts->probes;
+      if (r->value != probe_expected(i, static_cast<int64_t>(tid)) || r->tid != tid) ++mismatches;
+    }
+    EXPECT_EQ(mismatches, 0) << role;
+    printf("  %-10s %d calls in %lld ms, %d mismatches\n", role.c_str(), n,
+           static_cast<long long>(
+               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()),
+           mismatches);
+  }
+}
+
 void expect_clean(const Report& r, const Counts& c, bool check_maps = true) {
   EXPECT_EQ(r.anomalies(), 0) << r.raw;
   EXPECT_EQ(r.fds_delta(), 0) << r.raw;
@@ -176,6 +244,7 @@ void expect_clean(const Report& r, const Counts& c, bool check_maps = true) {
 class Hostile : public IntegrationTest {
  protected:
   // The common flow for targets that need nothing special.
+  void run_simd();
   void run_plain(const std::string& program) {
     int own_fds = count_fds(getpid());
     Counts counts;
@@ -198,7 +267,64 @@ TEST_F(Hostile, Syscalls) { run_plain("remora_target_syscalls"); }
 TEST_F(Hostile, Spin) { run_plain("remora_target_spin"); }
 TEST_F(Hostile, Threads64) { run_plain("remora_target_threads64"); }
 TEST_F(Hostile, Malloc) { run_plain("remora_target_malloc"); }
-TEST_F(Hostile, Simd) { run_plain("remora_target_simd"); }
+// Vector state: every register file this CPU has, held by threads that spin
+// or block in select/nanosleep (see target_simd.cc). First, each thread's
+// real extended state is read through ptrace and the restore frame built for
+// it must be exact (the kernel's size, this thread's features); then the
+// standard workload, then 1000 calls on every thread by tid (every tenth a
+// system call, restored by ptrace; the rest function calls, restored by the
+// frame). The threads themselves report any register that changed.
+TEST_F(Hostile, Simd) {
+  const int own_fds = count_fds(getpid());
+  run_simd();
+  EXPECT_EQ(count_fds(getpid()), own_fds) << "the test process (the controller) leaked fds";
+}
+
+void Hostile::run_simd() {
+  Counts counts;
+  TargetProcess target("remora_target_simd");
+  auto tids = target.tids();
+  target.snapshot();
+  const std::string features = target.command("features");
+  printf("  register files: %s\n", features.c_str());
+  auto has = [&](const char* f) {
+    std::istringstream in(features);
+    for (std::string w; in >> w;)
+      if (w == f) return true;
+    return false;
+  };
+  __builtin_cpu_init();
+  EXPECT_EQ(has("ymm"), __builtin_cpu_supports("avx") != 0) << features;
+  EXPECT_EQ(has("zmm"), __builtin_cpu_supports("avx512f") != 0) << features;
+  if (!has("amx")) printf("  skipped: AMX tiles (%s)\n", features.substr(features.find("amx(")).c_str());
+  const auto& layout = arch::x86_64::host_xstate_layout();
+  printf("  xsave: %s, XCR0 %#llx, kernel area %u bytes, dynamic features %#llx\n", layout.xsave ? "yes" : "no",
+         static_cast<unsigned long long>(layout.xcr0), layout.size_for(layout.xcr0),
+         static_cast<unsigned long long>(layout.dynamic(layout.xcr0)));
+  for (const auto& [role, tid] : tids) {
+    auto frame = frame_for_thread(target.pid(), tid);
+    ASSERT_TRUE(frame.has_value()) << role;
+    EXPECT_TRUE(frame->exact) << role << ": " << frame->why_not;
+    printf("  %-10s restore frame %5u bytes, features %#llx\n", role.c_str(), frame->task.size,
+           static_cast<unsigned long long>(frame->task.features));
+    if (role.rfind("amx", 0) == 0) {
+      EXPECT_NE(layout.dynamic(frame->task.features), 0u) << role << ": tile data not in use";
+    } else if (layout.xsave) {
+      EXPECT_EQ(layout.dynamic(frame->task.features), 0u) << role << " never used a dynamic feature";
+    }
+  }
+  {
+    auto t = open_target(target.pid());
+    exercise(*t, tids, &counts);
+  }
+  {
+    auto t = open_target(target.pid());
+    calls_on_every_thread(*t, tids, 1000, &counts);
+    ASSERT_TRUE(t->close().ok());
+  }
+  ASSERT_TRUE(alive(target.pid()));
+  expect_clean(target.report(), counts);
+}
 
 // Signals arrive all the time while the calls run: every queued real-time
 // signal must be delivered exactly once, none may be lost or duplicated.

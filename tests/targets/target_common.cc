@@ -143,6 +143,46 @@ void start_thread(void* (*fn)(void*), void* arg, size_t stack_size) {
 
 void spin_politely() { setpriority(PRIO_PROCESS, static_cast<id_t>(gettid_()), 19); }
 
+namespace {
+thread_local bool t_amx_thread = false;
+}  // namespace
+
+void mark_amx_thread() { t_amx_thread = true; }
+
+bool amx_usable(std::string* why) {
+#if defined(__x86_64__)
+  static int state = -1;  // -1 unknown, 0 no, 1 yes
+  static std::string reason;
+  if (state < 0) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    asm volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const bool tile = (d >> 24 & 1) != 0;  // CPUID.(7,0):EDX[24] AMX-TILE
+    asm volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    uint64_t xcr0 = 0;
+    if ((c >> 27 & 1) != 0) {  // OSXSAVE
+      uint32_t lo = 0, hi = 0;
+      asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+      xcr0 = (uint64_t{hi} << 32) | lo;
+    }
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtileData = 18;
+    if (!tile) {
+      reason = "no AMX: the CPU has no AMX-TILE";
+    } else if ((xcr0 & (3ULL << 17)) != (3ULL << 17)) {
+      reason = "no AMX: the kernel did not enable tile state in XCR0";
+    } else if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) != 0) {
+      reason = std::string("no AMX: ARCH_REQ_XCOMP_PERM refused (") + strerror(errno) + ")";
+    }
+    state = reason.empty() ? 1 : 0;
+  }
+  if (why) *why = reason;
+  return state == 1;
+#else
+  if (why) *why = "no AMX: not x86_64";
+  return false;
+#endif
+}
+
 bool write_all(int fd, const void* buf, size_t len) {
   const char* p = static_cast<const char*>(buf);
   while (len > 0) {
@@ -347,6 +387,12 @@ __attribute__((target("avx"))) void clobber_avx() {
 __attribute__((target("avx512f"))) void clobber_avx512() {
   asm volatile(
       "vpternlogd $0xff, %%zmm16, %%zmm16, %%zmm16\n\t"
+      "vmovdqa64 %%zmm16, %%zmm0\n\tvmovdqa64 %%zmm16, %%zmm1\n\tvmovdqa64 %%zmm16, %%zmm2\n\t"
+      "vmovdqa64 %%zmm16, %%zmm3\n\tvmovdqa64 %%zmm16, %%zmm4\n\tvmovdqa64 %%zmm16, %%zmm5\n\t"
+      "vmovdqa64 %%zmm16, %%zmm6\n\tvmovdqa64 %%zmm16, %%zmm7\n\tvmovdqa64 %%zmm16, %%zmm8\n\t"
+      "vmovdqa64 %%zmm16, %%zmm9\n\tvmovdqa64 %%zmm16, %%zmm10\n\tvmovdqa64 %%zmm16, %%zmm11\n\t"
+      "vmovdqa64 %%zmm16, %%zmm12\n\tvmovdqa64 %%zmm16, %%zmm13\n\tvmovdqa64 %%zmm16, %%zmm14\n\t"
+      "vmovdqa64 %%zmm16, %%zmm15\n\tkxnorw %%k1, %%k1, %%k0\n\t"
       "vmovdqa64 %%zmm16, %%zmm17\n\tvmovdqa64 %%zmm16, %%zmm18\n\tvmovdqa64 %%zmm16, %%zmm19\n\t"
       "vmovdqa64 %%zmm16, %%zmm20\n\tvmovdqa64 %%zmm16, %%zmm21\n\tvmovdqa64 %%zmm16, %%zmm22\n\t"
       "vmovdqa64 %%zmm16, %%zmm23\n\tvmovdqa64 %%zmm16, %%zmm24\n\tvmovdqa64 %%zmm16, %%zmm25\n\t"
@@ -356,8 +402,21 @@ __attribute__((target("avx512f"))) void clobber_avx512() {
       "kxnorw %%k0, %%k0, %%k4\n\tkxnorw %%k0, %%k0, %%k5\n\tkxnorw %%k0, %%k0, %%k6\n\t"
       "kxnorw %%k0, %%k0, %%k7\n\t"
       "vzeroupper\n\t" ::
-          : "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26",
-            "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
+          : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+            "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+            "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
+}
+#endif
+
+#if defined(__x86_64__)
+// The tiles and TILECFG of a thread that holds them (tilezero needs a valid
+// configuration, which that thread has loaded).
+void clobber_amx() {
+  asm volatile(
+      "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3\n\t"
+      "tilezero %%tmm4\n\ttilezero %%tmm5\n\ttilezero %%tmm6\n\ttilezero %%tmm7\n\t"
+      "tilerelease\n\t" ::
+          : "memory");
 }
 #endif
 
@@ -366,6 +425,7 @@ void clobber_caller_saved_state() {
   clobber_sse();
   if (remora_target::g_have_avx) clobber_avx();
   if (remora_target::g_have_avx512) clobber_avx512();
+  if (remora_target::t_amx_thread) clobber_amx();
 #endif
 }
 

@@ -1,4 +1,4 @@
-// Shared runtime of the integration-test target programs.
+// Shared runtime of the test target programs.
 //
 // Every target is a "hostile" program: it keeps threads busy in ways that a
 // careless remote call would disturb (blocking system calls, SIMD registers,
@@ -101,5 +101,15 @@ void start_thread(void* (*fn)(void*), void* arg, size_t stack_size = 256 * 1024)
 void spin_politely();
 // Writes all of `len` bytes (retries EINTR / short writes); false on error.
 bool write_all(int fd, const void* buf, size_t len);
+
+// AMX tiles: true when this process may use them: the CPU has AMX-TILE, the
+// kernel enabled tile state (XCR0 bits 17 and 18) and granted this process
+// permission (ARCH_REQ_XCOMP_PERM, asked here once). Otherwise `why` says
+// which of these is missing.
+bool amx_usable(std::string* why);
+// Marks the calling thread as one that holds tiles: remora_probe clobbers
+// them when it runs there (other threads never touch AMX: using it would
+// enlarge their extended state, which is exactly what must stay small).
+void mark_amx_thread();
 
 }  // namespace remora_target
