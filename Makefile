@@ -6,7 +6,7 @@
 #   make         configure and build into $(BUILD_DIR) (RelWithDebInfo)
 #   make test    build, then run every test with ctest
 #   make demo    build, then `remora attach` (the default tool) on the bundled sample service
-#   make bench   build, then run remora-bench-call and print its results
+#   make bench   build, then run remora-bench-call and remora-bench-attach and print their results
 #   make format  clang-format every C/C++ source in place
 #   make clean   remove the build trees
 #
@@ -18,7 +18,7 @@ BUILD_TYPE ?= RelWithDebInfo
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
 DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
-                libunwind-dev python3 python3-pytest binutils util-linux mount procps
+                libunwind-dev python3 python3-pytest binutils util-linux mount procps libseccomp-dev
 
 .PHONY: all deps configure build test demo bench format clean
 
@@ -51,6 +51,7 @@ demo: build
 
 bench: build
 	$(BUILD_DIR)/bin/remora-bench-call
+	$(BUILD_DIR)/bin/remora-bench-attach
 
 # clang-format is not a build dependency; install it to use this target.
 format:

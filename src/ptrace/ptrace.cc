@@ -23,8 +23,6 @@
 namespace remora::ptrace {
 namespace {
 
-static_assert(sizeof(Regs) == sizeof(user_regs_struct), "arch::x86_64::Regs must mirror user_regs_struct");
-
 const char* request_name(int req) {
   switch (req) {
     case PTRACE_SEIZE: return "SEIZE";
@@ -155,13 +153,23 @@ Result<void> set_regs(pid_t tid, const Regs& regs) {
 }
 
 Result<std::vector<std::byte>> get_xstate(pid_t tid) {
-  // The kernel's xsave size is fixed for the machine: learn it once, then
-  // allocate exactly that (a 16 KiB zeroed buffer per call showed up in the
-  // call latency). 16 KiB covers every layout shipped so far, AMX included.
+  // The kernel's extended-state size is fixed for the machine: learn it
+  // once, then allocate exactly that (a 16 KiB zeroed buffer per call showed
+  // up in the call latency). 16 KiB covers every layout shipped so far, AMX
+  // tile data included.
   static std::atomic<size_t> known_size{16384};
   std::vector<std::byte> buf(known_size.load(std::memory_order_relaxed));
   iovec iov{buf.data(), buf.size()};
-  REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov));
+  auto r = request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(arch::kExtendedStateRegset), &iov);
+  if (!r && r.error().sys_errno() == ENODEV) {
+    // No XSAVE: the legacy FP registers are all the state there is.
+    buf.assign(arch::kLegacyFpSize, std::byte{0});
+    iov = iovec{buf.data(), buf.size()};
+    REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(arch::kLegacyFpRegset), &iov));
+    buf.resize(iov.iov_len);
+    return buf;
+  }
+  REMORA_TRY(std::move(r));
   buf.resize(iov.iov_len);
   known_size.store(iov.iov_len, std::memory_order_relaxed);
   return buf;
@@ -169,7 +177,8 @@ Result<std::vector<std::byte>> get_xstate(pid_t tid) {
 
 Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate) {
   iovec iov{const_cast<std::byte*>(xstate.data()), xstate.size()};
-  return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov);
+  const auto regset = xstate.size() == arch::kLegacyFpSize ? arch::kLegacyFpRegset : arch::kExtendedStateRegset;
+  return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(regset), &iov);
 }
 
 Result<uint64_t> get_sigmask(pid_t tid) {

@@ -15,18 +15,15 @@
 #include <string>
 #include <vector>
 
-#include "arch/x86_64.h"
+#include "arch/arch.h"
 #include "base/deadline.h"
 #include "base/result.h"
 #include "procfs/procfs.h"
 
 namespace remora::ptrace {
 
-#if defined(__x86_64__)
-using Regs = arch::x86_64::Regs;
-#else
-#error "Remora's ptrace layer supports x86_64 hosts only for now"
-#endif
+// The host's register set (arch/arch.h chooses it).
+using Regs = arch::HostRegs;
 
 // PTRACE_SEIZE with `options` (PTRACE_O_*). Never PTRACE_O_EXITKILL: the
 // target must survive the controller's death. Failures are diagnosed (see
@@ -50,7 +47,11 @@ Result<void> set_options(pid_t tid, unsigned long options);
 
 Result<Regs> get_regs(pid_t tid);
 Result<void> set_regs(pid_t tid, const Regs& regs);
-// The full xsave area (PTRACE_GETREGSET NT_X86_XSTATE), sized by the kernel.
+// The thread's whole FP/SIMD state: the extended-state register set
+// (arch::kExtendedStateRegset; on x86_64 the xsave area, sized by the
+// kernel), or, on a kernel without it (x86_64 without XSAVE: ENODEV), the
+// legacy FP register set of arch::kLegacyFpSize bytes. set_xstate writes
+// back either form, told apart by its size.
 Result<std::vector<std::byte>> get_xstate(pid_t tid);
 Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate);
 Result<uint64_t> get_sigmask(pid_t tid);

@@ -46,6 +46,7 @@
 #include "base/remote_ptr.h"
 #include "base/result.h"
 #include "base/unique_fd.h"
+#include "remote/seccomp.h"
 
 namespace remora::remote {
 
@@ -84,6 +85,8 @@ struct CallReport {
   // marker), however many system calls the function made.
   int stops = 0;
 };
+
+class Transaction;
 
 class Target {
  public:
@@ -130,6 +133,16 @@ class Target {
   // Makes one thread execute system call `nr`; returns the raw result
   // (negative errno on failure, as the kernel returns it).
   Result<CallReport> syscall(long nr, std::span<const uint64_t> args, const CallOptions& opts = {});
+
+  // Checks, before an operation that makes the target run system calls of
+  // its own choosing (loading the agent), that the thread opts.tid (0: the
+  // one a call would choose) may make them: refuses (Errc::kNotSupported,
+  // naming the call, the filter's verdict and `what`) a thread in seccomp
+  // strict mode, or one whose filter would refuse one of `planned`. The
+  // thread is seized, stopped and released untouched to read its filter;
+  // a filter Remora may not read (not root) passes. See remote/seccomp.h.
+  Result<void> check_syscalls(std::span<const seccomp::PlannedSyscall> planned, std::string_view what,
+                              const CallOptions& opts = {});
 
   // Reads/writes target memory (through /proc/PID/mem, so read-only mappings
   // can be written, as a debugger does).
@@ -181,6 +194,7 @@ class Target {
   void set_use_map_files(bool use);
 
  private:
+  friend class Transaction;  // one call on one thread (remote/transaction.h)
   struct Impl;
   explicit Target(pid_t pid);
   pid_t pid_;

@@ -1,0 +1,132 @@
+// remote::Target's session state, shared by the engine's files: target.cc
+// (opening, symbols, the scratch, choosing threads and markers) and
+// transaction.cc (one call on one thread). Internal to the remote layer.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "arch/host.h"
+#include "base/deadline.h"
+#include "base/result.h"
+#include "base/unique_fd.h"
+#include "procfs/procfs.h"
+#include "remote/lookup.h"
+#include "remote/memory.h"
+#include "remote/seccomp.h"
+#include "remote/target.h"
+
+namespace remora::remote {
+
+inline constexpr uint64_t kPage = 4096;
+// Scratch: page 0 holds the stubs (RX), the rest is data for byte arguments.
+inline constexpr uint64_t kScratchSize = 16 * kPage;
+inline constexpr uint64_t kScratchData = kPage;
+// The last quarter of the data area serves scratch_alloc (session memory);
+// the rest holds the byte arguments of one call.
+constexpr uint64_t session_area(uint64_t data_size) { return (data_size / 4) & ~uint64_t{15}; }
+// Byte arguments up to this total travel on the called thread's stack.
+inline constexpr uint64_t kStackArgsMax = 16 * 1024;
+// The request of the transaction that creates the scratch: a call of the
+// scratch's own setup routine, whose address only exists once it is mapped.
+inline constexpr uint64_t kSetupRequest = ~uint64_t{0};
+
+// "process 4242", or "process 4242 (pid 7 in its own pid namespace)" when the
+// target lives in another pid namespace: users give the pid they see, the
+// target knows itself by the other.
+std::string process_str(pid_t pid, pid_t ns_pid);
+
+// The two libc code addresses used before the scratch mapping exists.
+struct Gadgets {
+  uint64_t syscall_insn = 0;  // the `syscall` inside glibc's syscall(): followed by cmp; jae; ret
+  uint64_t restore_rt = 0;    // glibc's __restore_rt: mov $15,%rax; syscall
+};
+
+struct Target::Impl {
+  using Clock = std::chrono::steady_clock;
+
+  pid_t pid = 0;
+  pid_t ns_pid = 0;
+  Memory mem;
+  UniqueFd pidfd;
+  uint64_t at_phdr = 0;
+  bool is_static = false;
+  std::optional<uint64_t> scratch;  // address of the stub code
+  uint64_t data_base = 0, data_size = 0;
+  bool scratch_owned = false;       // our own mapping (munmap at close), or adopted
+  std::optional<uint64_t> retired;  // our own mapping, replaced by adopted stubs, not yet removed
+  std::optional<Gadgets> gadgets;
+  pid_t preferred_tid = 0;  // the last thread that worked well
+  // Run system calls through libc's gadgets even when the scratch exists:
+  // munmap of the scratch itself must not return into the page it removes.
+  bool force_gadget = false;
+  uint64_t session_used = 0;  // bytes handed out by scratch_alloc
+  // Marked calls (see choose_marker): the process's signal dispositions, as
+  // last read, and a counter for the cookies that prove a call returned.
+  uint64_t sig_ign = 0, sig_cgt = 0;
+  int seccomp = 0;
+  Clock::time_point dispositions_read{};
+  uint64_t call_seq = 0;
+  LookupOptions lookup_options;
+  seccomp::Guard seccomp_guard;  // strict threads refused, filters checked (remote/seccomp.h)
+  // Resolved (library, symbol) pairs of this session. A hit is re-validated
+  // against the current maps (the code must still be mapped from the same
+  // file), so a dlclose/dlopen in between can never send a call astray.
+  struct CachedSymbol {
+    uint64_t address, dev, inode;
+  };
+  std::map<std::pair<std::string, std::string>, CachedSymbol> symbols;
+  ImageMemo images;  // cleared whenever a mapping it names has changed
+  std::mutex mu;
+
+  explicit Impl(Memory m) : mem(std::move(m)) {}
+
+  Result<Gadgets> find_gadgets();
+  Result<pid_t> pick_thread();
+  Result<std::vector<procfs::MapEntry>> maps_for_lookup();
+  Result<RemoteAddr> lookup(std::string_view library, std::string_view symbol, bool function,
+                            std::vector<procfs::MapEntry>& maps);
+  int choose_marker(uint64_t blocked);
+  Result<void> ensure_scratch(pid_t tid, std::chrono::milliseconds timeout);
+
+  // Where the stubs are for the next step: the scratch's, or libc's gadgets
+  // before it exists (and for a system call while force_gadget holds).
+  arch::host::StubSite stub_site(bool for_syscall) const {
+    arch::host::StubSite s;
+    if (scratch && !(for_syscall && force_gadget)) s.stub = scratch;
+    if (gadgets) s.syscall_gadget = gadgets->syscall_insn, s.restore_rt_gadget = gadgets->restore_rt;
+    return s;
+  }
+  // A scratch mapping of our own, just created at `base`, is the session's.
+  void adopt_own_scratch(uint64_t base) {
+    scratch = base;
+    data_base = base + kScratchData;
+    data_size = kScratchSize - kScratchData;
+    scratch_owned = true;
+    session_used = 0;
+  }
+
+  // A byte argument that travels on the called thread's stack, written
+  // with the restore frame; its address goes into argument register `reg`.
+  struct StackArg {
+    size_t reg;
+    std::span<const std::byte> bytes;
+  };
+  Result<CallReport> transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
+                              const Deadline& deadline, std::span<const StackArg> on_stack = {});
+  Result<CallReport> run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
+                         std::chrono::milliseconds timeout, std::span<const StackArg> on_stack = {});
+};
+
+}  // namespace remora::remote

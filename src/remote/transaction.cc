@@ -1,0 +1,462 @@
+// The remote call engine's transaction. See target.h for the contract and
+// transaction.h for the object; this file explains the mechanics, in the
+// order a call performs them.
+//
+// A call is a transaction on one thread T:
+//   seize + interrupt T            (nothing changed yet: if we die, the kernel
+//                                   detaches and T restarts its syscall)
+//   save regs, xstate, sigmask     (what "exactly as it was" means)
+//   write a signal frame below T's red zone holding the *resume* state (the
+//                                   registers T must continue with, syscall
+//                                   restart already applied)
+//   point T at a stub that ends in rt_sigreturn on that frame, block all
+//   signals, run the request, take T back, restore, detach.
+// If the controller dies at any instant after the frame is written, T runs
+// on by itself into rt_sigreturn and restores its own state (CRIU's "cure");
+// before that, nothing has been changed.
+//
+// Why no breakpoint ends a call: an int3 in the stub would kill the target
+// with SIGTRAP if the controller died before it was reached. A function call
+// ends either at a signal the process ignores, which the stub sends itself
+// and which is dequeued only once T is restored (a "marked call": its own
+// system calls cost no stops, see choose_marker in target.cc), or at the
+// syscall-entry stop of the stub's rt_sigreturn under PTRACE_SYSCALL, which
+// exists only while traced; untraced, the same instruction is the cure.
+// Completion is recognised by its exact stop: the marker signal with the
+// cookie the stub stored and an instruction pointer outside the stub, or a
+// syscall-entry (PTRACE_GET_SYSCALL_INFO) of rt_sigreturn at the stub's own
+// instruction address.
+#include "remote/transaction.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "base/log.h"
+#include "base/strings.h"
+#include "procfs/procfs.h"
+
+namespace remora::remote {
+
+namespace a = arch::host;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kSigprocmaskBlock = 0;  // SIG_BLOCK
+
+bool is_job_control_stop(int sig) {
+  return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
+}
+
+bool signal_pending_for(pid_t pid, pid_t tid) {
+  auto st = procfs::read_status(pid, tid);
+  if (!st) return true;  // be conservative: keep the EINTR
+  return ((st->sig_pnd | st->shd_pnd) & ~st->sig_blk) != 0;
+}
+
+bool is_exit(const ptrace::Stop& s) {
+  return s.kind == ptrace::Stop::Kind::kExited || s.kind == ptrace::Stop::Kind::kKilled;
+}
+
+}  // namespace
+
+Transaction::Transaction(Target::Impl& im, pid_t tid, const Deadline& deadline)
+    : im_(im),
+      tid_(tid),
+      deadline_(deadline),
+      who_("thread " + std::to_string(tid) + " of " + process_str(im.pid, im.ns_pid)) {}
+
+Transaction::~Transaction() { release(); }
+
+// Mask first, registers last: until the registers change, the thread would
+// still restore itself through the frame if we died now. Then the detach,
+// then what was held back, in the order it arrived.
+void Transaction::release() {
+  if (!attached_) return;
+  if (modified_) {
+    (void)ptrace::set_sigmask(tid_, saved_.sigmask);
+    (void)ptrace::set_xstate(tid_, saved_.xstate);
+    (void)ptrace::set_regs(tid_, saved_.resume);
+  } else if (restore_mask_) {
+    (void)ptrace::set_sigmask(tid_, saved_.sigmask);
+  }
+  (void)ptrace::detach(tid_, detach_signal_);
+  attached_ = false;
+  if (pending_stop_ != 0) {
+    if (im_.pidfd.valid())
+      ::syscall(SYS_pidfd_send_signal, im_.pidfd.get(), pending_stop_, nullptr, 0);
+    else
+      ::kill(im_.pid, pending_stop_);
+  }
+  for (int sig : held_signals_) ::syscall(SYS_tgkill, im_.pid, tid_, sig);
+}
+
+Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
+                                    std::span<const Target::Impl::StackArg> on_stack) {
+  const auto t0 = Clock::now();
+  REMORA_TRY_CTX(im_.seccomp_guard.before_seize(im_.pid, tid_), process_str(im_.pid, im_.ns_pid));
+  REMORA_TRY_CTX(ptrace::seize(im_.pid, tid_, PTRACE_O_TRACESYSGOOD), "seize " + who_);
+  attached_ = true;
+  auto steps = [&]() -> Result<uint64_t> {
+    REMORA_TRY(stop());
+    REMORA_TRY(save());
+    plan(is_syscall, args, on_stack);
+    // Still nothing changed: refuse here what the thread's seccomp filter
+    // would refuse (or kill the process for).
+    REMORA_TRY(im_.seccomp_guard.check_stopped(
+        tid_,
+        seccomp::engine_syscalls({marker_ != 0, !im_.scratch, saved_.swap_mask, is_syscall,
+                                  static_cast<long>(fn_or_nr), args}),
+        ""));
+    REMORA_TRY(write_frame(on_stack));
+    // With the scratch ready and no mask dance to do, the call's own
+    // registers are the self-restoring path: the stub ends in rt_sigreturn.
+    const bool direct = im_.scratch.has_value() && !saved_.swap_mask && !is_syscall;
+    REMORA_TRY(enter_restore_path(direct));
+    if (!im_.scratch) REMORA_TRY(create_scratch(is_syscall, fn_or_nr, args));
+    // A system call is restored by ptrace: the thread stands at its exit with
+    // the stub's tail still to run, and a later transaction may remove the
+    // code it would run it from (Target::close).
+    if (is_syscall) return syscall(static_cast<long>(fn_or_nr), args);
+    return function_call(fn_or_nr, args, direct);
+  };
+  auto value = steps();
+  if (!value) {
+    if (value.error().code() == Errc::kTargetExited) attached_ = false;
+    release();
+    return std::move(value).error().with_context(who_);
+  }
+  release();
+  CallReport report;
+  report.tid = tid_;
+  report.value = *value;
+  report.stops = stops_;
+  report.stopped = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+  return report;
+}
+
+Result<ptrace::Stop> Transaction::wait(const Deadline& d) {
+  auto s = ptrace::wait_stop(tid_, d);
+  if (s) ++stops_;
+  return s;
+}
+
+// The first stop: normally our interrupt, or a group stop when the process
+// is stopped. A signal caught mid-delivery is let through first.
+Result<void> Transaction::stop() {
+  REMORA_TRY(ptrace::interrupt(tid_));
+  for (;;) {
+    auto s = REMORA_TRY(wait(deadline_));
+    if (s.kind == ptrace::Stop::Kind::kInterrupt || s.kind == ptrace::Stop::Kind::kGroupStop) return ok();
+    if (is_exit(s)) return gone(s);
+    int sig = s.kind == ptrace::Stop::Kind::kSignalDelivery ? s.sig : 0;
+    REMORA_TRY(ptrace::cont(tid_, sig));
+    REMORA_TRY(ptrace::interrupt(tid_));
+  }
+}
+
+Result<void> Transaction::save() {
+  auto regs = REMORA_TRY(ptrace::get_regs(tid_));
+  saved_.regs = regs;
+  // Released just before re-entering an interrupted restart_block call:
+  // save it as the thread inside that call (see awaits_restart_syscall).
+  if (a::awaits_restart_syscall(regs)) {
+    std::array<uint8_t, a::kSyscallInsnLen> insn{};
+    if (im_.mem.read(a::pc(regs), std::as_writable_bytes(std::span(insn))) && a::is_syscall_insn(insn))
+      saved_.regs = a::as_stopped_in_restart_syscall(regs);
+  }
+  saved_.xstate = REMORA_TRY(ptrace::get_xstate(tid_));
+  saved_.sigmask = REMORA_TRY(ptrace::get_sigmask(tid_));
+  const auto& r0 = saved_.regs;
+  const int64_t nr = a::syscall_nr(r0);
+  bool pending = false;
+  if (nr >= 0 && a::return_value(r0) == -EINTR && a::never_restarted(nr))
+    pending = signal_pending_for(im_.pid, tid_);
+  kind_ = a::classify_restart(r0, pending);
+  saved_.resume = a::resume_registers(r0, kind_, /*use_restart_syscall=*/true);
+  saved_.swap_mask = nr >= 0 && a::swaps_signal_mask(nr);
+  return ok();
+}
+
+// The registers the frame resumes with. A thread interrupted a second time
+// in the same sleep is inside restart_syscall, which the frame's
+// rt_sigreturn would reset: the frame re-issues the original call, whose
+// number is recovered from the code around the `syscall` (see
+// arch::x86_64::wrapper_syscall_nr). If that fails, the frame keeps
+// restart_syscall, which then returns EINTR -- only if we die mid-call.
+Transaction::Regs Transaction::frame_registers() const {
+  const Regs& r0 = saved_.regs;
+  Regs frame = r0;
+  if (kind_ == arch::RestartKind::kRestartBlock && a::syscall_nr(r0) == a::nr::kRestartSyscall) {
+    std::array<uint8_t, 9> before{};
+    if (im_.mem.read(a::pc(r0) - a::kSyscallInsnLen - before.size(), std::as_writable_bytes(std::span(before)))) {
+      auto nr = a::wrapper_syscall_nr(before);
+      if (!nr && a::is_generic_syscall_fn(before)) {
+        uint64_t ret = 0;
+        std::array<uint8_t, a::kCallerBytes> caller{};
+        if (im_.mem.read(a::sp(r0), std::as_writable_bytes(std::span(&ret, 1))) && ret > caller.size() &&
+            im_.mem.read(ret - caller.size(), std::as_writable_bytes(std::span(caller))))
+          nr = a::caller_syscall_nr(caller);
+      }
+      if (nr) frame = a::with_syscall_nr(r0, *nr);
+    }
+  }
+  // The self-restoring path re-issues an interrupted restart_block call
+  // (rt_sigreturn resets restart_block), so its frame uses the original call.
+  return a::resume_registers(frame, kind_, /*use_restart_syscall=*/false);
+}
+
+// Fixes what the frame holds and where: its extended state, sized and
+// flagged for this thread (arch/x86_64_xstate.h: a frame sized from the
+// ptrace buffer is refused by rt_sigreturn for a thread without AMX tiles,
+// whose vector registers would then be reset), whether its rt_sigreturn is
+// the exact restore, and whether a function call is a marked call.
+void Transaction::plan(bool is_syscall, std::array<uint64_t, 6>& args,
+                       std::span<const Target::Impl::StackArg> on_stack) {
+  fpstate_ = a::build_sig_fpstate(a::host_xstate_layout(), saved_.xstate);
+  if (!fpstate_.exact) REMORA_LOG(kRemote, "restore frame is not exact: %s", fpstate_.why_not.c_str());
+  // Exact unless the thread was interrupted in a restart_block call: there
+  // the frame re-issues the original call while restart_syscall keeps the
+  // remaining timeout, so ptrace restores those. Mask-swapping calls make
+  // no marked call: their frame mask is only known once the stub has
+  // recorded it.
+  frame_is_exact_ = kind_ != arch::RestartKind::kRestartBlock && fpstate_.exact;
+  // A filtered thread gets no marked call: its filter may refuse the
+  // stub's tgkill (see remote/seccomp.h).
+  marker_ = !is_syscall && frame_is_exact_ && !saved_.swap_mask && !im_.seccomp_guard.filtered(tid_)
+                ? im_.choose_marker(saved_.sigmask)
+                : 0;
+  marker_bit_ = marker_ != 0 ? uint64_t{1} << (marker_ - 1) : 0;
+  cookie_ = (uint64_t{0x524d} << 48) | (++im_.call_seq & 0xffffffffffff);
+  std::vector<size_t> sizes;
+  for (const auto& arg : on_stack) sizes.push_back(arg.bytes.size());
+  frame_ = a::plan_frame(a::sp(saved_.regs), fpstate_.image.size(), sizes);
+  for (size_t i = 0; i < on_stack.size(); ++i) args[on_stack[i].reg] = frame_.args[i];
+  REMORA_LOG(kRemote, "call on tid=%d: stopped at pc=%#llx nr=%lld ret=%lld, restart kind %d, marker %d", tid_,
+             static_cast<unsigned long long>(a::pc(saved_.regs)), static_cast<long long>(a::syscall_nr(saved_.regs)),
+             static_cast<long long>(a::return_value(saved_.regs)), static_cast<int>(kind_), marker_);
+}
+
+Result<void> Transaction::write_frame(std::span<const Target::Impl::StackArg> on_stack) {
+  std::vector<std::span<const std::byte>> arg_bytes;
+  for (const auto& arg : on_stack) arg_bytes.push_back(arg.bytes);
+  a::FrameContents c;
+  c.resume = frame_registers();
+  // The thread's own mask, letting the marker through (see choose_marker).
+  c.sigmask = saved_.sigmask & ~marker_bit_;
+  c.fp_xstate = fpstate_.xsave;
+  c.fpstate = fpstate_.image;
+  // The return address of the bootstrap path (glibc's syscall() returns into
+  // __restore_rt); unused once the scratch exists.
+  c.restorer = im_.gadgets ? im_.gadgets->restore_rt : 0;
+  c.args = arg_bytes;
+  REMORA_TRY_CTX(im_.mem.write(frame_.base, a::frame_bytes(frame_, c)),
+                 "write the restore frame on the thread's stack");
+  return ok();
+}
+
+// Points the thread at the self-restoring path first, then blocks signals.
+Result<void> Transaction::enter_restore_path(bool direct) {
+  if (direct) return ok();  // the call's registers are that path (set with the mask in function_call)
+  REMORA_TRY(ptrace::set_regs(tid_, a::parked_regs(saved_.regs, frame_, im_.stub_site(/*for_syscall=*/false))));
+  modified_ = true;
+  if (!saved_.swap_mask) return ptrace::set_sigmask(tid_, ~uint64_t{0});
+  // The kernel restores the saved user mask on the first resume; the stub's
+  // own rt_sigprocmask then records it into the frame.
+  const uint64_t mask_at = frame_.uc + a::kUcSigmaskOffset;
+  REMORA_TRY(syscall(a::nr::kRtSigprocmask, {kSigprocmaskBlock, frame_.all_mask, mask_at, 8, 0, 0}));
+  saved_.sigmask = REMORA_TRY(im_.mem.read_value<uint64_t>(mask_at));
+  return ok();
+}
+
+// The first call of a session maps the scratch: stubs (RX page) and data.
+Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args) {
+  auto base = REMORA_TRY_CTX(syscall(a::nr::kMmap, {0, kScratchSize, PROT_READ | PROT_WRITE,
+                                                    MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0}),
+                             "create the scratch mapping");
+  // An address not page-aligned is no mmap result: a seccomp kill rolled
+  // the call back (rax = its number) and the process dies of SIGSYS.
+  if ((static_cast<int64_t>(base) < 0 && static_cast<int64_t>(base) > -4096) || (base & (kPage - 1)) != 0)
+    return im_.seccomp_guard.denial_error(
+        Error(Errc::kIo, "mmap in the target failed", static_cast<int>(-static_cast<int64_t>(base))), tid_,
+        a::nr::kMmap, static_cast<int64_t>(base));
+  const uint64_t b = base;
+  static const char kName[] = "remora-scratch";
+  auto steps = [&]() -> Result<void> {
+    REMORA_TRY(im_.mem.write(b, a::stub_code()));
+    // Its name, for the setup routine (below).
+    REMORA_TRY(im_.mem.write(b + kScratchData, std::as_bytes(std::span(kName))));
+    auto prot = REMORA_TRY(syscall(a::nr::kMprotect, {b, kPage, PROT_READ | PROT_EXEC, 0, 0, 0}));
+    if (prot != 0)
+      return im_.seccomp_guard.denial_error(Error(Errc::kIo, "mprotect of the stub page failed in the target",
+                                                  static_cast<int>(-static_cast<int64_t>(prot))),
+                                            tid_, a::nr::kMprotect, static_cast<int64_t>(prot));
+    return ok();
+  };
+  if (auto r = steps(); !r) {
+    (void)syscall(a::nr::kMunmap, {b, kScratchSize, 0, 0, 0, 0});
+    return std::move(r).error().with_context("prepare the scratch mapping");
+  }
+  im_.adopt_own_scratch(b);
+  if (!is_syscall && fn_or_nr == kSetupRequest) {
+    // The request is the scratch's own setup (arch::x86_64::Stub): named so
+    // that a person reading /proc/PID/maps sees what it is (Linux 5.17+ with
+    // CONFIG_ANON_VMA_NAME; failure is harmless), and never inherited by a
+    // fork of the target.
+    fn_or_nr = b + a::Stub::kScratchSetup;
+    args = {b, kScratchSize, b + kScratchData, 0, 0, 0};
+  }
+  return ok();
+}
+
+// A function call ends after the stub's rt_sigreturn on the frame (a marked
+// call), or at its entry: either way the thread runs no more of our code.
+// Where the frame holds exactly the resume state, that rt_sigreturn is the
+// restore: registers, xsave area and signal mask in one system call of the
+// thread's own, instead of three ptrace requests (setting the xsave area
+// alone costs a kernel vmalloc per request).
+Result<uint64_t> Transaction::function_call(uint64_t fn, const std::array<uint64_t, 6>& args, bool direct) {
+  const uint64_t stub = *im_.scratch;
+  REMORA_TRY(ptrace::set_regs(tid_, a::call_regs(saved_.regs, fn, args, frame_, stub, marker_, cookie_)));
+  modified_ = true;
+  if (direct) REMORA_TRY(ptrace::set_sigmask(tid_, ~uint64_t{0}));
+  if (marker_ != 0) {
+    auto value = REMORA_TRY(run_marked(a::call_return_end(stub, true)));
+    if (modified_ && frame_is_exact_) modified_ = false;  // detached at rt_sigreturn's entry
+    return value;
+  }
+  auto value = REMORA_TRY(run_until(a::nr::kRtSigreturn, a::call_return_end(stub, false), true));
+  if (frame_is_exact_) modified_ = false;  // detached at rt_sigreturn's entry, the thread restores itself
+  return value;
+}
+
+// Runs one system call on the thread and returns its result.
+Result<uint64_t> Transaction::syscall(long nr, const std::array<uint64_t, 6>& args) {
+  auto step = a::syscall_regs(saved_.regs, nr, args, frame_, im_.stub_site(/*for_syscall=*/true));
+  REMORA_TRY(ptrace::set_regs(tid_, step.regs));
+  modified_ = true;
+  REMORA_TRY(run_until(nr, step.insn_end, true));
+  return run_until(nr, step.insn_end, false);
+}
+
+// Runs the thread until the stop that ends one step; handles every other
+// stop on the way. `want_entry`: stop at the entry (true) or exit (false) of
+// syscall `nr` at instruction address `ip_after`. At rt_sigreturn's entry
+// the stub has put the result in the first argument; at an exit the kernel
+// reports it.
+Result<uint64_t> Transaction::run_until(long nr, uint64_t ip_after, bool want_entry) {
+  for (;;) {
+    REMORA_TRY(ptrace::cont_syscall(tid_, 0));
+    auto s = wait(deadline_);
+    if (!s && s.error().code() == Errc::kTimedOut) return take_back();
+    auto stop = REMORA_TRY(std::move(s));
+    if (is_exit(stop)) return gone(stop);
+    if (stop.kind == ptrace::Stop::Kind::kSyscall) {
+      auto info = REMORA_TRY(ptrace::get_syscall_info(tid_));
+      const bool entry = info.op == ptrace::SyscallInfo::Op::kEntry;
+      if (entry == want_entry && info.ip == ip_after && (!entry || info.nr == nr))
+        return entry ? info.arg0 : static_cast<uint64_t>(info.ret);
+      continue;  // a system call made by the called function
+    }
+    if (stop.kind == ptrace::Stop::Kind::kSignalDelivery) {
+      auto si = REMORA_TRY(ptrace::get_siginfo(tid_));
+      if (ptrace::is_fault(si)) return fault_error(si);
+      hold(si.si_signo);
+    }
+    // Group stop, interrupt, event: resume; a group stop is reinstated at detach.
+  }
+}
+
+// A signal that stopped the thread during a step and is not its end: a
+// job-control stop is held back for the release, any other (only unblockable
+// ones get here) is re-delivered after it.
+void Transaction::hold(int sig) {
+  if (is_job_control_stop(sig))
+    pending_stop_ = sig;
+  else
+    held_signals_.push_back(sig);
+}
+
+// Runs a marked call to its end: under PTRACE_CONT until the thread, back
+// through rt_sigreturn, stops for the marker (see choose_marker). Clears
+// `modified_` when the thread stands fully restored.
+Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
+  const uint64_t stub_lo = *im_.scratch, stub_hi = *im_.scratch + a::Stub::kSize;
+  for (;;) {
+    REMORA_TRY(ptrace::cont(tid_, 0));
+    auto s = wait(deadline_);
+    if (!s && s.error().code() == Errc::kTimedOut) return take_back();
+    auto stop = REMORA_TRY(std::move(s));
+    if (is_exit(stop)) return gone(stop);
+    if (stop.kind != ptrace::Stop::Kind::kSignalDelivery) continue;  // group stop, interrupt: go on
+    auto si = REMORA_TRY(ptrace::get_siginfo(tid_));
+    if (ptrace::is_fault(si)) return fault_error(si);
+    if (is_job_control_stop(si.si_signo)) {
+      hold(si.si_signo);
+      continue;
+    }
+    // The cookie says the function returned; an instruction pointer outside
+    // the stub says rt_sigreturn has restored the frame.
+    auto where = REMORA_TRY(ptrace::get_syscall_info(tid_));
+    std::array<uint64_t, 2> slot{};
+    REMORA_TRY(im_.mem.read(frame_.result_slot, std::as_writable_bytes(std::span(slot))));
+    const bool returned = slot[1] == cookie_;
+    if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
+      modified_ = false;
+      restore_mask_ = (saved_.sigmask & marker_bit_) != 0;
+      // Another signal that waited for the call dequeued before the marker:
+      // deliver it on detach (the marker, still pending, is one the process
+      // ignores).
+      if (si.si_signo != marker_) detach_signal_ = si.si_signo;
+      return slot[0];
+    }
+    if (returned && si.si_signo == marker_) {
+      // The function unblocked the marker itself, so it arrived inside the
+      // stub: end at the stub's rt_sigreturn instead.
+      REMORA_TRY(run_until(a::nr::kRtSigreturn, stub_end, true));
+      restore_mask_ = (saved_.sigmask & marker_bit_) != 0;
+      return slot[0];
+    }
+    hold(si.si_signo);  // only unblockable ones get here
+  }
+}
+
+// The function did not return in time: take the thread back wherever it is,
+// and abandon the call.
+Error Transaction::take_back() {
+  if (auto r = ptrace::interrupt(tid_); !r) return std::move(r).error();
+  auto s = wait(Deadline::after(std::chrono::seconds(2)));
+  if (!s) return std::move(s).error();
+  if (is_exit(*s)) return gone(*s);
+  if (s->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s->sig)) pending_stop_ = s->sig;
+  return Error(Errc::kTimedOut,
+               "the remote call did not return within the deadline; the thread was taken back "
+               "and restored (anything the function had done so far stays done)");
+}
+
+Error Transaction::gone(const ptrace::Stop& s) {
+  attached_ = false;
+  std::string how = s.kind == ptrace::Stop::Kind::kKilled ? "was killed by signal " + std::to_string(s.sig)
+                                                          : "exited with status " + std::to_string(s.exit_status);
+  if (s.kind == ptrace::Stop::Kind::kKilled && s.sig == SIGSYS) how += im_.seccomp_guard.sigsys_note(tid_, -1);
+  return Error(Errc::kTargetExited, who_ + " " + how + " during the remote call");
+}
+
+Error Transaction::fault_error(const siginfo_t& si) const {
+  constexpr const char* kRestored = "; the thread was restored to its state before the call";
+  if (si.si_signo == SIGSYS)
+    return Error(Errc::kFault, "the target's seccomp filter refused system call " + std::to_string(si.si_syscall) +
+                                   " (SIGSYS)" + im_.seccomp_guard.sigsys_note(tid_, si.si_syscall) + kRestored);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "the called function faulted: SIG%s (signal %d, code %d) at address %s",
+                sigabbrev_np(si.si_signo) ? sigabbrev_np(si.si_signo) : "?", si.si_signo, si.si_code,
+                hex_addr(reinterpret_cast<uint64_t>(si.si_addr)).c_str());
+  return Error(Errc::kFault, buf + std::string(kRestored));
+}
+
+}  // namespace remora::remote

@@ -1,0 +1,101 @@
+// remote::Transaction: one remote operation on one thread of a Target, as an
+// object (rr's AutoRemoteSyscalls; CRIU's strict reverse-order undo). The
+// engine in target.cc makes one per call; see transaction.cc for the
+// mechanics, in the order a call performs them.
+//
+// Construction seizes nothing; run() seizes, stops and saves the thread,
+// builds the restore frame, runs the request and takes the thread back. The
+// destructor puts back everything that is still changed and releases the
+// thread, whatever path left run(): signal mask, extended state and
+// registers (unless the thread already restored itself through its frame),
+// then the detach (with a signal that waited for the call's end), then a
+// job-control stop held back meanwhile and the signals held back, in that
+// order. Internal to the remote layer.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "arch/host.h"
+#include "base/deadline.h"
+#include "base/result.h"
+#include "ptrace/ptrace.h"
+#include "remote/seccomp.h"
+#include "remote/target_impl.h"
+
+namespace remora::remote {
+
+class Transaction {
+ public:
+  Transaction(Target::Impl& im, pid_t tid, const Deadline& deadline);
+  ~Transaction();
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+
+  // A function call (`fn_or_nr` = the function, or kSetupRequest: the new
+  // scratch's own setup routine) or a system call (`is_syscall`).
+  Result<CallReport> run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
+                         std::span<const Target::Impl::StackArg> on_stack);
+
+ private:
+  using Regs = arch::HostRegs;
+
+  // Everything the thread had, and how to put it back.
+  struct Saved {
+    Regs regs{};
+    std::vector<std::byte> xstate;
+    uint64_t sigmask = 0;
+    Regs resume{};           // exact resume state (restart applied, restart_syscall allowed)
+    bool swap_mask = false;  // interrupted inside ppoll/pselect/sigsuspend/epoll_pwait
+  };
+
+  Result<void> stop();
+  Result<void> save();
+  void plan(bool is_syscall, std::array<uint64_t, 6>& args, std::span<const Target::Impl::StackArg> on_stack);
+  Regs frame_registers() const;
+  Result<void> write_frame(std::span<const Target::Impl::StackArg> on_stack);
+  Result<void> enter_restore_path(bool direct);
+  Result<void> create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args);
+  Result<uint64_t> function_call(uint64_t fn, const std::array<uint64_t, 6>& args, bool direct);
+
+  // One kind of stop each (LLDB's MonitorSIGTRAP/MonitorSignal).
+  Result<ptrace::Stop> wait(const Deadline& d);
+  Result<uint64_t> syscall(long nr, const std::array<uint64_t, 6>& a);
+  Result<uint64_t> run_until(long nr, uint64_t ip_after, bool want_entry);
+  Result<uint64_t> run_marked(uint64_t stub_end);
+  void hold(int sig);
+  Error take_back();
+  Error gone(const ptrace::Stop& s);
+  Error fault_error(const siginfo_t& si) const;
+
+  void release();
+
+  Target::Impl& im_;
+  const pid_t tid_;
+  const Deadline deadline_;
+  const std::string who_;
+  bool attached_ = false;
+  bool modified_ = false;      // registers/mask changed: restore before release
+  bool restore_mask_ = false;  // restored by its frame, but with the marker unblocked
+  int pending_stop_ = 0;       // a job-control stop held back
+  std::vector<int> held_signals_;
+  int detach_signal_ = 0;  // a signal that waited for the call's end, delivered on detach
+  int stops_ = 0;
+  Saved saved_;
+
+  // The plan, fixed once the thread is saved.
+  arch::RestartKind kind_ = arch::RestartKind::kNone;
+  arch::host::SigFpstate fpstate_;
+  bool frame_is_exact_ = false;
+  int marker_ = 0;
+  uint64_t marker_bit_ = 0;
+  uint64_t cookie_ = 0;
+  arch::host::FramePlan frame_;
+};
+
+}  // namespace remora::remote
