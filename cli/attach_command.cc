@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +21,7 @@
 
 #include "attach/attach.h"
 #include "cli/command.h"
+#include "cli/common_options.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
@@ -201,6 +201,128 @@ class Waiter {
   bool shown_ = false;
 };
 
+// Attaches the tools (to the tree, or to the process alone) and prints one
+// line per process. Fills `procs` with the processes attached and
+// `exit_code` with that of the first failure that is not a process gone;
+// returns the exit code to leave with when nothing was attached.
+std::optional<int> attach_all(attach::Controller& ctl, const AttachCommandOptions& o,
+                              const attach::AttachOptions& opts, const std::string& root_comm,
+                              std::vector<Attached>* procs, int* exit_code) {
+  std::vector<attach::ProcessOutcome> outcomes;
+  if (o.children) {
+    auto r = ctl.attach_tree(o.pid, opts);
+    if (!r) return fail(r.error());
+    outcomes = std::move(*r);
+  } else {
+    auto r = ctl.attach(o.pid, opts);
+    if (!r) return fail(r.error());
+    outcomes.push_back(*r);
+  }
+  const attach::ProcessOutcome* first_failure = nullptr;
+  print_outcome_header(stdout);
+  for (const auto& oc : outcomes) {
+    Attached a;
+    a.pid = oc.pid;
+    a.comm = oc.pid == o.pid ? root_comm : process_comm(oc.pid);
+    print_outcome(stdout, oc.pid, a.comm, describe_attach(oc));
+    if (oc.ok) {
+      a.pidfd = open_pidfd(oc.pid);
+      procs->push_back(std::move(a));
+    } else if (!is_gone(oc.code) && !first_failure) {
+      first_failure = &oc;
+    }
+  }
+  std::fflush(stdout);
+  if (procs->empty()) {
+    const auto& why = first_failure ? *first_failure : outcomes.front();
+    print_error("nothing was attached: " + why.message);
+    return to_int(exit_code_for(why.code == Errc::kOk ? Errc::kInternal : why.code));
+  }
+  *exit_code = first_failure ? to_int(exit_code_for(first_failure->code)) : 0;
+  return std::nullopt;
+}
+
+// Waits for the end of the session (duration, signal, Enter, or every
+// process gone) and says why it ended.
+void wait_session(StopSignals& signals, std::vector<Attached>& procs,
+                  std::optional<std::chrono::milliseconds> duration) {
+  std::printf("Attached to %s; %s.\n", count_noun(procs.size(), "process", "processes").c_str(),
+              duration ? ("detaching after " + format_elapsed(*duration)).c_str()
+                       : (Waiter::stdin_is_our_terminal() ? "press Enter or Ctrl-C to detach"
+                                                          : "send SIGINT or SIGTERM to detach"));
+  std::fflush(stdout);
+  int signo = 0;
+  Waiter waiter(signals, procs, duration);
+  switch (waiter.wait(&signo)) {
+    case StopReason::kDuration:
+      std::printf("Detaching after %s.\n", format_elapsed(*duration).c_str());
+      break;
+    case StopReason::kSignal:
+      std::printf("Got SIG%s: detaching.\n", signo ? sigabbrev_np(signo) : "?");
+      break;
+    case StopReason::kEnter: std::printf("Detaching.\n"); break;
+    case StopReason::kAllExited: std::printf("Every attached process exited.\n"); break;
+  }
+  std::fflush(stdout);
+}
+
+// Detaches the processes still running and reports those that failed;
+// returns the exit code of the last failure, or `exit_code` unchanged.
+int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vector<Attached>& procs,
+               int exit_code) {
+  size_t still = 0;
+  for (auto& p : procs) {
+    if (!p.exited && p.pidfd && pidfd_exited(p.pidfd.get())) p.exited = true;
+    still += p.exited ? 0 : 1;
+  }
+  if (still == 0) return exit_code;
+  const auto t0 = Clock::now();
+  std::vector<attach::ProcessOutcome> detached;
+  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  if (o.children) {
+    auto r = ctl.detach_tree(o.pid, timeout);
+    if (r) {
+      detached = std::move(*r);
+    } else {
+      print_error(r.error().to_string());
+      exit_code = to_int(exit_code_for(r.error().code()));
+    }
+  } else {
+    attach::ProcessOutcome d;
+    d.pid = o.pid;
+    auto r = ctl.detach(o.pid, timeout);
+    d.ok = r.ok();
+    if (!r) {
+      d.code = r.error().code();
+      d.message = r.error().to_string();
+    }
+    detached.push_back(d);
+  }
+  size_t ok = 0;
+  bool header = false;
+  for (const auto& d : detached) {
+    const Attached* p = nullptr;
+    for (const auto& a : procs)
+      if (a.pid == d.pid) p = &a;
+    if (d.ok) {
+      ++ok;
+      continue;
+    }
+    bool gone = is_gone(d.code) || (p && p->pidfd && pidfd_exited(p->pidfd.get()));
+    if (gone) continue;  // exited during the session: said so already
+    if (!header) {
+      std::printf("Detach failed for:\n");
+      header = true;
+    }
+    print_outcome(stdout, d.pid, p ? p->comm : process_comm(d.pid), "failed: " + d.message);
+    exit_code = to_int(exit_code_for(d.code));
+  }
+  std::printf("Detached from %s in %ld ms.\n", count_noun(ok, "process", "processes").c_str(),
+              static_cast<long>(since(t0).count()));
+  std::fflush(stdout);
+  return exit_code;
+}
+
 int run_attach(const AttachCommandOptions& o) {
   auto env = parse_env_list(o.env);
   if (!env) return fail(env.error());
@@ -231,40 +353,9 @@ int run_attach(const AttachCommandOptions& o) {
   std::fflush(stdout);
   const auto wall_start = std::chrono::system_clock::now();
   attach::Controller ctl;
-  std::vector<attach::ProcessOutcome> outcomes;
-  if (o.children) {
-    auto r = ctl.attach_tree(o.pid, opts);
-    if (!r) return fail(r.error());
-    outcomes = std::move(*r);
-  } else {
-    auto r = ctl.attach(o.pid, opts);
-    if (!r) return fail(r.error());
-    outcomes.push_back(*r);
-  }
-
   std::vector<Attached> procs;
   int exit_code = 0;
-  const attach::ProcessOutcome* first_failure = nullptr;
-  print_outcome_header(stdout);
-  for (const auto& oc : outcomes) {
-    Attached a;
-    a.pid = oc.pid;
-    a.comm = oc.pid == o.pid ? root_comm : process_comm(oc.pid);
-    print_outcome(stdout, oc.pid, a.comm, describe_attach(oc));
-    if (oc.ok) {
-      a.pidfd = open_pidfd(oc.pid);
-      procs.push_back(std::move(a));
-    } else if (!is_gone(oc.code) && !first_failure) {
-      first_failure = &oc;
-    }
-  }
-  std::fflush(stdout);
-  if (first_failure) exit_code = to_int(exit_code_for(first_failure->code));
-  if (procs.empty()) {
-    const auto& why = first_failure ? *first_failure : outcomes.front();
-    print_error("nothing was attached: " + why.message);
-    return to_int(exit_code_for(why.code == Errc::kOk ? Errc::kInternal : why.code));
-  }
+  if (auto nothing = attach_all(ctl, o, opts, root_comm, &procs, &exit_code)) return *nothing;
 
   if (o.keep) {
     std::printf(
@@ -280,79 +371,8 @@ int run_attach(const AttachCommandOptions& o) {
 
   std::optional<std::chrono::milliseconds> duration;
   if (o.duration_given) duration = std::chrono::milliseconds(o.duration_ms);
-  std::printf("Attached to %s; %s.\n", count_noun(procs.size(), "process", "processes").c_str(),
-              duration ? ("detaching after " + format_elapsed(*duration)).c_str()
-                       : (Waiter::stdin_is_our_terminal() ? "press Enter or Ctrl-C to detach"
-                                                          : "send SIGINT or SIGTERM to detach"));
-  std::fflush(stdout);
-
-  int signo = 0;
-  Waiter waiter(*signals, procs, duration);
-  StopReason reason = waiter.wait(&signo);
-  switch (reason) {
-    case StopReason::kDuration:
-      std::printf("Detaching after %s.\n", format_elapsed(*duration).c_str());
-      break;
-    case StopReason::kSignal:
-      std::printf("Got SIG%s: detaching.\n", signo ? sigabbrev_np(signo) : "?");
-      break;
-    case StopReason::kEnter: std::printf("Detaching.\n"); break;
-    case StopReason::kAllExited: std::printf("Every attached process exited.\n"); break;
-  }
-  std::fflush(stdout);
-
-  size_t still = 0;
-  for (auto& p : procs) {
-    if (!p.exited && p.pidfd && pidfd_exited(p.pidfd.get())) p.exited = true;
-    still += p.exited ? 0 : 1;
-  }
-  if (still > 0) {
-    const auto t0 = Clock::now();
-    std::vector<attach::ProcessOutcome> detached;
-    const auto timeout = std::chrono::milliseconds(o.timeout_ms);
-    if (o.children) {
-      auto r = ctl.detach_tree(o.pid, timeout);
-      if (r) {
-        detached = std::move(*r);
-      } else {
-        print_error(r.error().to_string());
-        exit_code = to_int(exit_code_for(r.error().code()));
-      }
-    } else {
-      attach::ProcessOutcome d;
-      d.pid = o.pid;
-      auto r = ctl.detach(o.pid, timeout);
-      d.ok = r.ok();
-      if (!r) {
-        d.code = r.error().code();
-        d.message = r.error().to_string();
-      }
-      detached.push_back(d);
-    }
-    size_t ok = 0;
-    bool header = false;
-    for (const auto& d : detached) {
-      const Attached* p = nullptr;
-      for (const auto& a : procs)
-        if (a.pid == d.pid) p = &a;
-      if (d.ok) {
-        ++ok;
-        continue;
-      }
-      bool gone = is_gone(d.code) || (p && p->pidfd && pidfd_exited(p->pidfd.get()));
-      if (gone) continue;  // exited during the session: said so already
-      if (!header) {
-        std::printf("Detach failed for:\n");
-        header = true;
-      }
-      print_outcome(stdout, d.pid, p ? p->comm : process_comm(d.pid), "failed: " + d.message);
-      exit_code = to_int(exit_code_for(d.code));
-    }
-    std::printf("Detached from %s in %ld ms.\n", count_noun(ok, "process", "processes").c_str(),
-                static_cast<long>(since(t0).count()));
-    std::fflush(stdout);
-  }
-
+  wait_session(*signals, procs, duration);
+  exit_code = detach_all(ctl, o, procs, exit_code);
   if (tools->default_tool) {
     std::vector<pid_t> pids;
     for (const auto& p : procs) pids.push_back(p.pid);
@@ -367,10 +387,7 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<AttachCommandOptions>();
   CLI::App* sub =
       root.add_subcommand("attach", "Attach tools to a running process and its children for a while");
-  sub->add_option("-p,--pid", opts->pid,
-                  "Process to attach to (with its whole tree unless --attach-children=false)")
-      ->required()
-      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  add_pid_option(sub, opts->pid, "Process to attach to (with its whole tree unless --attach-children=false)");
   auto* tools =
       sub->add_option("-t,--tools", opts->tools,
                       "Tool libraries LIB[:LIB...] (default: libremora-tool.so next to the agent, or "
@@ -386,9 +403,7 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
   sub->add_flag("--keep", opts->keep,
                 "Attach, then exit leaving the tools attached (no lease, no detach; use remora detach later)")
       ->excludes(dur);
-  sub->add_option("--timeout", opts->timeout_ms, "Deadline for each attach or detach, in milliseconds")
-      ->capture_default_str()
-      ->check(CLI::Range(1L, 3600L * 1000L));
+  add_timeout_option(sub, opts->timeout_ms, "Deadline for each attach or detach, in milliseconds");
   sub->footer(
       "While attached, remora holds a lease: if it dies, the agent detaches the tools itself.\n"
       "The default tool writes under REMORA_OUTPUT_PATH (-e; default ./remora-output, relative\n"

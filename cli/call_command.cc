@@ -11,6 +11,7 @@
 
 #include "cli/call_args.h"
 #include "cli/command.h"
+#include "cli/common_options.h"
 #include "cli/exit_codes.h"
 #include "remote/target.h"
 
@@ -97,12 +98,10 @@ void add_call_command(CLI::App& root, Dispatch& dispatch) {
   // Everything from SYMBOL on is the call, taken verbatim: "-1" is an
   // argument there, not an option. So options go before SYMBOL.
   sub->prefix_command();
-  sub->add_option("-p,--pid", opts->pid, "Process to call into")->required()->check(CLI::PositiveNumber);
+  add_pid_option(sub, opts->pid, "Process to call into");
   sub->add_option("-T,--tid", opts->tid, "Thread to use (default: Remora picks one blocked in a system call)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--timeout", opts->timeout_ms, "Deadline for the whole call, in milliseconds")
-      ->capture_default_str()
-      ->check(CLI::Range(1L, 3600L * 1000L));
+  add_timeout_option(sub, opts->timeout_ms, "Deadline for the whole call, in milliseconds");
   sub->add_option("-r,--ret", opts->ret, "How to print the return value: long, int, ptr or void")
       ->capture_default_str()
       ->check(CLI::IsMember({"long", "int", "ptr", "pointer", "void"}));

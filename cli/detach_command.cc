@@ -2,7 +2,6 @@
 // every process of its tree), whoever attached them: the truth is in the
 // agent, so this works from any shell, e.g. after `remora attach --keep`.
 #include <cstdio>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +10,7 @@
 
 #include "attach/attach.h"
 #include "cli/command.h"
+#include "cli/common_options.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
@@ -100,13 +100,9 @@ int run_detach(const DetachCommandOptions& o) {
 void add_detach_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<DetachCommandOptions>();
   CLI::App* sub = root.add_subcommand("detach", "Detach the tools attached to a process (or its tree)");
-  sub->add_option("-p,--pid", opts->pid, "Process to detach from")
-      ->required()
-      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  add_pid_option(sub, opts->pid, "Process to detach from");
   sub->add_flag("--tree", opts->tree, "Detach from every process of the tree under PID");
-  sub->add_option("--timeout", opts->timeout_ms, "Deadline for each detach, in milliseconds")
-      ->capture_default_str()
-      ->check(CLI::Range(1L, 3600L * 1000L));
+  add_timeout_option(sub, opts->timeout_ms, "Deadline for each detach, in milliseconds");
   sub->footer(
       "Works whoever attached the tools (remora attach --keep, another program): the\n"
       "agent in each process knows. With --tree, processes with nothing attached are\n"

@@ -23,6 +23,7 @@
 
 #include "attach/attach.h"
 #include "cli/command.h"
+#include "cli/common_options.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
@@ -95,6 +96,116 @@ void forward(pid_t child, int signo, int si_code) {
   ::kill(child, signo);
 }
 
+// Forks and execs CMD (`words`) with `envs` and the signal mask remora had
+// before it blocked the stop signals. Returns its pid, or -1 with the exit
+// code to leave with in `*exit_code` when it could not be run.
+pid_t start_child(const std::vector<std::string>& words, std::vector<std::string> envs,
+                  const StopSignals& signals, int* exit_code) {
+  std::vector<char*> envp, argv;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = words;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    *exit_code = fail(Error::from_errno("pipe2"));
+    return -1;
+  }
+  pid_t child = ::fork();
+  if (child < 0) {
+    *exit_code = fail(Error::from_errno("fork"));
+    return -1;
+  }
+  if (child == 0) {
+    // Only async-signal-safe calls from here to exec.
+    ::close(report[0]);
+    ::sigprocmask(SIG_SETMASK, &signals.old_mask(), nullptr);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    (void)!::write(report[1], &err, sizeof err);
+    ::_exit(kExitNotFound);
+  }
+  ::close(report[1]);
+  int exec_errno = 0;
+  ssize_t got;
+  do {
+    got = ::read(report[0], &exec_errno, sizeof exec_errno);
+  } while (got < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    print_error("cannot run '" + words[0] + "': " + std::strerror(exec_errno));
+    *exit_code = exec_errno == ENOENT ? kExitNotFound : kExitCannotExecute;
+    return -1;
+  }
+  return child;
+}
+
+// CMD while it runs: the stop signals remora receives are forwarded to it.
+struct Child {
+  pid_t pid = 0;
+  UniqueFd pidfd;
+  StopSignals& signals;
+  bool exited = false;
+
+  // Waits up to `until` for a signal (forwarded) or CMD's exit.
+  void wait_some(std::optional<Clock::time_point> until) {
+    pollfd fds[2] = {{signals.fd(), POLLIN, 0}, {pidfd.get(), POLLIN, 0}};
+    int timeout = -1;
+    if (until)
+      timeout = static_cast<int>(std::max<long>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(*until - Clock::now()).count()));
+    int n = ::poll(fds, pidfd ? 2 : 1, timeout);
+    if (n <= 0) return;
+    int code = 0;
+    while (auto s = signals.take(&code)) forward(pid, *s, code);
+    if (pidfd && fds[1].revents) exited = true;
+  }
+};
+
+// Attaches the tools once the agent's listener is up (its constructor
+// starts it: it shows in the agent's info block, read without stopping
+// anything). A failure is reported; CMD runs on without tools.
+void attach_when_ready(attach::Controller& ctl, Child& c, const RunCommandOptions& o,
+                       const ToolSelection& tools, const EnvList& env, const std::string& agent) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
+  bool ready = false;
+  while (!c.exited && !ready) {
+    auto st = attach::Controller::status(c.pid);
+    if (st && st->agent_loaded && st->listener_tid != 0) {
+      ready = true;
+      break;
+    }
+    if (Clock::now() >= deadline) break;
+    c.wait_some(std::min(deadline, Clock::now() + std::chrono::milliseconds(5)));
+  }
+  if (!ready) {
+    if (!c.exited)
+      print_error("the agent's listener did not start in pid " + std::to_string(c.pid) + " within " +
+                  std::to_string(o.timeout_ms) +
+                  " ms (a statically linked or setuid program ignores LD_PRELOAD); it runs without tools");
+    return;
+  }
+  attach::AttachOptions opts;
+  opts.tools = tools.paths;
+  opts.env = env;
+  opts.timeout = std::chrono::milliseconds(o.timeout_ms);
+  opts.lease = true;  // if remora dies, the tools detach (and write their output)
+  opts.agent_path = agent;
+  auto r = ctl.attach(c.pid, opts);
+  if (r) {
+    std::string names;
+    for (const auto& p : tools.paths) names += (names.empty() ? "" : ", ") + p.substr(p.rfind('/') + 1);
+    note("attached " + names + " to pid " + std::to_string(c.pid) + "; they stay attached until it exits");
+  } else if (!c.exited && !pidfd_exited(c.pidfd.get())) {
+    print_error(r.error().to_string() + "; pid " + std::to_string(c.pid) + " runs on without tools");
+  }
+}
+
 int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
   if (words.empty()) {
     print_error("missing CMD (usage: remora run [-t LIB[:LIB...]] [-e NAME=VALUE]... -- CMD [ARG...])");
@@ -123,108 +234,25 @@ int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());
 
-  std::vector<std::string> envs = child_environment(*agent, *env);
-  std::vector<char*> envp, argv;
-  for (auto& s : envs) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = words;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  int report[2];
-  if (::pipe2(report, O_CLOEXEC) != 0) return fail(Error::from_errno("pipe2"));
   const auto wall_start = std::chrono::system_clock::now();
-  pid_t child = ::fork();
-  if (child < 0) return fail(Error::from_errno("fork"));
-  if (child == 0) {
-    // Only async-signal-safe calls from here to exec.
-    ::close(report[0]);
-    ::sigprocmask(SIG_SETMASK, &signals->old_mask(), nullptr);
-    ::execvpe(argv[0], argv.data(), envp.data());
-    int err = errno;
-    (void)!::write(report[1], &err, sizeof err);
-    ::_exit(kExitNotFound);
-  }
-  ::close(report[1]);
-  int exec_errno = 0;
-  ssize_t got;
-  do {
-    got = ::read(report[0], &exec_errno, sizeof exec_errno);
-  } while (got < 0 && errno == EINTR);
-  ::close(report[0]);
-  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
-    int status = 0;
-    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-    }
-    print_error("cannot run '" + words[0] + "': " + std::strerror(exec_errno));
-    return exec_errno == ENOENT ? kExitNotFound : kExitCannotExecute;
-  }
-  UniqueFd pidfd = open_pidfd(child);
-  note("started " + shell_quote(words[0]) + " (pid " + std::to_string(child) + ") with " + *agent +
+  int exit_code = 0;
+  pid_t pid = start_child(words, child_environment(*agent, *env), *signals, &exit_code);
+  if (pid < 0) return exit_code;
+  Child child{pid, open_pidfd(pid), *signals};
+  note("started " + shell_quote(words[0]) + " (pid " + std::to_string(pid) + ") with " + *agent +
        " preloaded");
 
   attach::Controller ctl;
-  bool exited = false;
-  // Waits up to `until` for a signal (forwarded) or CMD's exit.
-  auto wait_some = [&](std::optional<Clock::time_point> until) {
-    pollfd fds[2] = {{signals->fd(), POLLIN, 0}, {pidfd.get(), POLLIN, 0}};
-    int timeout = -1;
-    if (until)
-      timeout = static_cast<int>(std::max<long>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(*until - Clock::now()).count()));
-    int n = ::poll(fds, pidfd ? 2 : 1, timeout);
-    if (n <= 0) return;
-    int code = 0;
-    while (auto s = signals->take(&code)) forward(child, *s, code);
-    if (pidfd && fds[1].revents) exited = true;
-  };
-
-  if (tools) {
-    // The agent's constructor starts the listener: wait for it to show in
-    // the agent's info block (read without stopping anything).
-    const auto deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
-    bool ready = false;
-    while (!exited && !ready) {
-      auto st = attach::Controller::status(child);
-      if (st && st->agent_loaded && st->listener_tid != 0) {
-        ready = true;
-        break;
-      }
-      if (Clock::now() >= deadline) break;
-      wait_some(std::min(deadline, Clock::now() + std::chrono::milliseconds(5)));
-    }
-    if (!ready && !exited) {
-      print_error("the agent's listener did not start in pid " + std::to_string(child) + " within " +
-                  std::to_string(o.timeout_ms) +
-                  " ms (a statically linked or setuid program ignores LD_PRELOAD); it runs without tools");
-    } else if (ready) {
-      attach::AttachOptions opts;
-      opts.tools = tools->paths;
-      opts.env = *env;
-      opts.timeout = std::chrono::milliseconds(o.timeout_ms);
-      opts.lease = true;  // if remora dies, the tools detach (and write their output)
-      opts.agent_path = *agent;
-      auto r = ctl.attach(child, opts);
-      if (r) {
-        std::string names;
-        for (const auto& p : tools->paths) names += (names.empty() ? "" : ", ") + p.substr(p.rfind('/') + 1);
-        note("attached " + names + " to pid " + std::to_string(child) +
-             "; they stay attached until it exits");
-      } else if (!exited && !pidfd_exited(pidfd.get())) {
-        print_error(r.error().to_string() + "; pid " + std::to_string(child) + " runs on without tools");
-      }
-    }
-  }
-
-  while (!exited) wait_some(std::nullopt);
+  if (tools) attach_when_ready(ctl, child, o, *tools, *env, *agent);
+  while (!child.exited) child.wait_some(std::nullopt);
   int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
   if (WIFSIGNALED(status))
-    note("pid " + std::to_string(child) + " was killed by SIG" + sigabbrev_np(WTERMSIG(status)));
+    note("pid " + std::to_string(pid) + " was killed by SIG" + sigabbrev_np(WTERMSIG(status)));
   if (tools && tools->default_tool)
-    print_outputs(stderr, out_root, find_outputs(out_root, {child}, wall_start));
+    print_outputs(stderr, out_root, find_outputs(out_root, {pid}, wall_start));
   return code;
 }
 
@@ -243,10 +271,8 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
       ->allow_extra_args(false);
   sub->add_flag("--no-tool", opts->no_tool, "Preload the agent only (attach later with remora attach -p PID)")
       ->excludes(tools);
-  sub->add_option("--timeout", opts->timeout_ms,
-                  "Deadline for the agent's listener to start and for the attach, in milliseconds")
-      ->capture_default_str()
-      ->check(CLI::Range(1L, 3600L * 1000L));
+  add_timeout_option(sub, opts->timeout_ms,
+                     "Deadline for the agent's listener to start and for the attach, in milliseconds");
   sub->footer(
       "CMD runs with LD_PRELOAD=<libremora-agent.so> (appended to an existing LD_PRELOAD)\n"
       "and remora's signal mask; SIGINT, SIGTERM and SIGHUP sent to remora are forwarded\n"

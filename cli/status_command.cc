@@ -3,7 +3,6 @@
 // listener thread and who holds the lease. Read from the agent's info block
 // through /proc/PID/mem: no thread is stopped.
 #include <cstdio>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +11,7 @@
 
 #include "attach/attach.h"
 #include "cli/command.h"
+#include "cli/common_options.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
@@ -84,9 +84,7 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<StatusCommandOptions>();
   CLI::App* sub =
       root.add_subcommand("status", "Show the agent's state in a process (or its tree); stops nothing");
-  sub->add_option("-p,--pid", opts->pid, "Process to inspect")
-      ->required()
-      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  add_pid_option(sub, opts->pid, "Process to inspect");
   sub->add_flag("--tree", opts->tree, "One line for each process of the tree under PID");
   sub->footer(
       "Columns: AGENT (libremora-agent.so loaded), ATTACHED (tools attached now),\n"

@@ -15,12 +15,25 @@
 
 #include "arch/x86_64.h"
 
+#if defined(__x86_64__)
+#include <elf.h>
+#include <sys/user.h>
+#endif
+
 namespace remora::arch {
 
 #if defined(__x86_64__)
 
 // The register set ptrace reads and writes on this host (PTRACE_GETREGS).
 using HostRegs = x86_64::Regs;
+static_assert(sizeof(HostRegs) == sizeof(user_regs_struct), "arch::x86_64::Regs must mirror user_regs_struct");
+
+// The FP/SIMD register sets of PTRACE_GETREGSET: the extended state
+// (NT_X86_XSTATE, the xsave area) and, on a kernel without XSAVE, the
+// legacy FXSAVE area (NT_PRFPREG), which is exactly this size.
+inline constexpr unsigned kExtendedStateRegset = NT_X86_XSTATE;
+inline constexpr unsigned kLegacyFpRegset = NT_PRFPREG;
+inline constexpr size_t kLegacyFpSize = 512;
 
 inline uint64_t pc(const HostRegs& r) { return r.rip; }
 inline void set_pc(HostRegs& r, uint64_t v) { r.rip = v; }

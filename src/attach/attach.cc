@@ -1,5 +1,4 @@
-// How a tool gets attached (see ../../shared/design/architecture.md, "The
-// attach sequence"):
+// How a tool gets attached (docs/architecture.md, "Attach, step by step"):
 //  1. Refuse a target whose environment says REMORA_TOOL_ATTACH=0 (or
 //     ROCP_TOOL_ATTACH=0), before touching it at all.
 //  2. If the agent is not loaded: make it visible inside the target (its path,
@@ -13,12 +12,16 @@
 //     locks only briefly. The fresh thread holds nothing.
 //  3. Everything else (attach, detach, lease, pipe2) runs as remote calls on
 //     the agent's idle listener thread.
+// What the attach creates in the target (memfds, the lease pipe, our scratch
+// mapping) is held in remote::RemoteHandle until the target owns it for
+// good, so that no failing step can leave one behind.
 #include "attach/attach.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -28,11 +31,13 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "agent/protocol.h"
-#include "arch/x86_64.h"
+#include "arch/host.h"
 #include "base/deadline.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -40,6 +45,7 @@
 #include "ptrace/ptrace.h"
 #include "remote/lookup.h"
 #include "remote/memory.h"
+#include "remote/remote_handle.h"
 #include "remote/target.h"
 #include "remote/visible_file.h"
 
@@ -49,7 +55,7 @@
 
 namespace remora::attach {
 
-namespace x = arch::x86_64;
+namespace x = arch::host;  // the host's architecture (arch/host.h): never named here
 using remote::CallArg;
 using remote::CallOptions;
 
@@ -130,6 +136,35 @@ Result<void> check_environment(pid_t pid) {
     }
   }
   return ok();
+}
+
+// Test-only fault injection: REMORA_INJECT_FAULT=NAME in the controller's
+// environment makes step NAME fail as if the target had refused it. Only for
+// failures no test can provoke in a live target:
+//   remove-scratch  removing our retired scratch mapping before the attach
+//                   call (only an agent without remora_agent_attach_unmap
+//                   takes that route, and only a failing remote munmap
+//                   fails it).
+//   lease-call      the remote call that hands the lease pipe to the agent,
+//                   failing on our side before the agent ran (a seize that
+//                   fails, a deadline) with the pipe made.
+bool fault_injected(std::string_view name) {
+  const char* v = std::getenv("REMORA_INJECT_FAULT");
+  return v != nullptr && name == v;
+}
+
+// A file made visible in the target; its memfd, when it needs one, is owned
+// and closed in the target once the handle goes (a loaded library keeps its
+// own mapping, so nothing needs the descriptor after the load).
+struct OwnedFile {
+  std::string path;
+  remote::RemoteHandle memfd;
+};
+
+Result<OwnedFile> make_visible_owned(remote::Target& t, const std::string& host_path,
+                                     const CallOptions& close_on = {}) {
+  auto vf = REMORA_TRY(remote::make_visible(t, host_path));
+  return OwnedFile{vf.path, remote::RemoteHandle::fd(t, vf.remote_fd, close_on)};
 }
 
 }  // namespace
@@ -295,127 +330,139 @@ Result<pid_t> drive_new_thread(pid_t pid, const std::vector<pid_t>& before, cons
   }
 }
 
+// Fills the loader block with libc's functions (before glibc 2.34, dlopen
+// and dlerror live in libdl.so.2), with one read of the maps for libc's.
+// Returns pthread_create, which the hijacked thread calls.
+Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* block) {
+  const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},
+                                                  {"pthread_self"},
+                                                  {"pthread_detach"},
+                                                  {"dlopen", true, false},
+                                                  {"dlerror", true, false}};
+  auto fns = REMORA_TRY(t.find_symbols("libc.so.6", libc_fns));
+  block->pthread_self_fn = fns[1].addr();
+  block->pthread_detach_fn = fns[2].addr();
+  block->dlopen_fn = fns[3].addr();
+  block->dlerror_fn = fns[4].addr();
+  if (fns[3].null() || fns[4].null()) {
+    const remote::Target::SymbolQuery libdl_fns[] = {{"dlopen"}, {"dlerror"}};
+    auto dl = t.find_symbols("libdl.so.2", libdl_fns);
+    if (!dl)
+      return Error(Errc::kNotSupported, "process " + std::to_string(t.pid()) +
+                                            " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
+    block->dlopen_fn = (*dl)[0].addr();
+    block->dlerror_fn = (*dl)[1].addr();
+  }
+  block->flags = RTLD_NOW | RTLD_NODELETE;
+  return fns[0];
+}
+
+// The loader thread at work: `block_at` is its block in the target.
+struct LoaderRun {
+  uint64_t block_at = 0;
+  x::LoaderBlock block{};
+  Result<std::vector<pid_t>> before{std::vector<pid_t>{}};  // the tasks before it was created
+  pid_t loader = 0;                                         // its tid, when Remora drove it itself
+  bool driven = false;  // the process is stopped: Remora ran the loader thread
+};
+
+// Waits for the trampoline to finish (its last store to the block). A
+// stopped process (SIGSTOP) stops the new thread too: it would never run.
+// Then Remora drives that one thread itself under ptrace, leaving every
+// other thread stopped, and releases it only once it has exited.
+Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline& deadline) {
+  long nap = 20'000;
+  // Looking for a stopped loader thread costs two /proc reads and more:
+  // done every half millisecond, not at every look at the block.
+  auto next_stop_check = std::chrono::steady_clock::now();
+  for (;;) {
+    REMORA_TRY_CTX(t.read(RemoteAddr(run.block_at), std::as_writable_bytes(std::span(&run.block, 1))),
+                   "read the loader block");
+    if (run.block.done == 1) return ok();
+    // Whether the process is stopped is only known for sure by watching the
+    // new thread: a thread we just released may still be on its way back
+    // into the group stop when /proc is read.
+    if (!run.driven && run.before && std::chrono::steady_clock::now() >= next_stop_check) {
+      next_stop_check = std::chrono::steady_clock::now() + std::chrono::microseconds(500);
+      auto now = procfs::list_tasks(t.pid());
+      pid_t fresh = 0;
+      if (now)
+        for (pid_t tid : *now)
+          if (std::find(run.before->begin(), run.before->end(), tid) == run.before->end()) fresh = tid;
+      auto st =
+          fresh ? procfs::read_stat(t.pid(), fresh) : Result<procfs::Stat>(Error(Errc::kNoSuchProcess, ""));
+      if (st && st->state == 'T') {
+        run.loader =
+            REMORA_TRY_CTX(drive_new_thread(t.pid(), *run.before, deadline), "run the loader thread");
+        run.driven = true;
+        continue;
+      }
+    }
+    if (deadline.expired()) {
+      t.abandon_scratch();  // the loader thread may still run there
+      return Error(Errc::kTimedOut,
+                   "the agent did not finish loading in time (a constructor in the target may be "
+                   "blocked); the loader thread was left running");
+    }
+    // The agent's dlopen takes about a millisecond: look often, without
+    // spinning.
+    pause_briefly(nap);
+    nap = std::min<long>(nap + 20'000, 200'000);
+  }
+}
+
 // Loads the agent on a fresh thread (see the file comment).
 // Returns, for a stopped process, the tid of the agent's listener (it was
 // created stopped and could not publish its tid); 0 otherwise.
 Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const Deadline& deadline) {
-  auto vf = REMORA_TRY_CTX(remote::make_visible(t, agent_path), "make the agent visible to the target");
-  auto cleanup = [&]() { (void)remote::release(t, vf); };
+  // The agent's memfd (if it needs one) is closed in the target when `vf`
+  // goes, loaded or not.
+  auto vf = REMORA_TRY_CTX(make_visible_owned(t, agent_path), "make the agent visible to the target");
+  LoaderRun run;
+  const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block));
+  const size_t path_len = vf.path.size() + 1;
+  auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + path_len + 8));
+  run.block_at = mem.addr();
+  uint64_t path_at = run.block_at + sizeof run.block;
+  uint64_t thread_out = (path_at + path_len + 7) & ~uint64_t{7};
+  run.block.path = path_at;
+  REMORA_TRY(t.write(RemoteAddr(path_at), std::as_bytes(std::span(vf.path.c_str(), path_len))));
+  REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
+  auto tramp = REMORA_TRY(t.thread_trampoline());
+  run.before = procfs::list_tasks(t.pid());
+  CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
+                    CallArg::integer(run.block_at)};
+  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
+  auto created = REMORA_TRY_CTX(t.call(pthread_create_fn, args), "start the loader thread");
+  REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
+  if (created.value != 0)
+    return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
+  REMORA_TRY(wait_loader_done(t, run, deadline));
+  REMORA_LOG(kAttach, "pid %d: agent dlopen returned", t.pid());
+  // Then for its thread to leave the scratch code for good.
+  std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(run.block.tid);
+  while (run.block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
+    if (deadline.expired()) {
+      t.abandon_scratch();
+      return Error(Errc::kTimedOut, "the agent's loader thread did not exit in time");
+    }
+    pause_briefly(20'000);
+  }
   pid_t listener = 0;
-  auto run = [&]() -> Result<void> {
-    x::LoaderBlock block{};
-    // One read of the maps for all of libc's functions. Before glibc 2.34,
-    // dlopen and dlerror live in libdl.so.2.
-    const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},
-                                                    {"pthread_self"},
-                                                    {"pthread_detach"},
-                                                    {"dlopen", true, false},
-                                                    {"dlerror", true, false}};
-    auto fns = REMORA_TRY(t.find_symbols("libc.so.6", libc_fns));
-    const RemoteAddr pthread_create_fn = fns[0];
-    block.pthread_self_fn = fns[1].addr();
-    block.pthread_detach_fn = fns[2].addr();
-    block.dlopen_fn = fns[3].addr();
-    block.dlerror_fn = fns[4].addr();
-    if (fns[3].null() || fns[4].null()) {
-      const remote::Target::SymbolQuery libdl_fns[] = {{"dlopen"}, {"dlerror"}};
-      auto dl = t.find_symbols("libdl.so.2", libdl_fns);
-      if (!dl)
-        return Error(Errc::kNotSupported,
-                     "process " + std::to_string(t.pid()) +
-                         " has no dlopen (neither libc.so.6 nor libdl.so.2 provides it)");
-      block.dlopen_fn = (*dl)[0].addr();
-      block.dlerror_fn = (*dl)[1].addr();
-    }
-    block.flags = RTLD_NOW | RTLD_NODELETE;
-    const size_t path_len = vf.path.size() + 1;
-    auto mem = REMORA_TRY(t.scratch_alloc(sizeof block + path_len + 8));
-    uint64_t block_at = mem.addr();
-    uint64_t path_at = block_at + sizeof block;
-    uint64_t thread_out = (path_at + path_len + 7) & ~uint64_t{7};
-    block.path = path_at;
-    REMORA_TRY(t.write(RemoteAddr(path_at), std::as_bytes(std::span(vf.path.c_str(), path_len))));
-    REMORA_TRY(t.write(RemoteAddr(block_at), std::as_bytes(std::span(&block, 1))));
-    auto tramp = REMORA_TRY(t.thread_trampoline());
-    // A stopped process (SIGSTOP) stops the new thread too: it would never
-    // run. Then Remora drives that one thread itself under ptrace, leaving
-    // every other thread stopped, and releases it only once it has exited.
-    auto before = procfs::list_tasks(t.pid());
-    CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
-                      CallArg::integer(block_at)};
-    REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
-    auto created = REMORA_TRY_CTX(t.call(pthread_create_fn, args), "start the loader thread");
-    REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
-    if (created.value != 0)
-      return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
-    // Whether the process is stopped is only known for sure by watching the
-    // new thread: a thread we just released may still be on its way back
-    // into the group stop when /proc is read.
-    pid_t loader = 0;
-    bool driven = false;
-    // Wait for the trampoline to finish (its last store), then for its thread
-    // to leave the scratch code for good.
-    long nap = 20'000;
-    // Looking for a stopped loader thread costs two /proc reads and more:
-    // done every half millisecond, not at every look at the block.
-    auto next_stop_check = std::chrono::steady_clock::now();
-    for (;;) {
-      REMORA_TRY_CTX(t.read(RemoteAddr(block_at), std::as_writable_bytes(std::span(&block, 1))),
-                     "read the loader block");
-      if (block.done == 1) break;
-      if (!driven && before && std::chrono::steady_clock::now() >= next_stop_check) {
-        next_stop_check = std::chrono::steady_clock::now() + std::chrono::microseconds(500);
-        auto now = procfs::list_tasks(t.pid());
-        pid_t fresh = 0;
-        if (now)
-          for (pid_t tid : *now)
-            if (std::find(before->begin(), before->end(), tid) == before->end()) fresh = tid;
-        auto st =
-            fresh ? procfs::read_stat(t.pid(), fresh) : Result<procfs::Stat>(Error(Errc::kNoSuchProcess, ""));
-        if (st && st->state == 'T') {
-          loader = REMORA_TRY_CTX(drive_new_thread(t.pid(), *before, deadline), "run the loader thread");
-          driven = true;
-          continue;
-        }
-      }
-      if (deadline.expired()) {
-        t.abandon_scratch();  // the loader thread may still run there
-        return Error(Errc::kTimedOut,
-                     "the agent did not finish loading in time (a constructor in the target may be "
-                     "blocked); the loader thread was left running");
-      }
-      // The agent's dlopen takes about a millisecond: look often, without
-      // spinning.
-      pause_briefly(nap);
-      nap = std::min<long>(nap + 20'000, 200'000);
-    }
-    REMORA_LOG(kAttach, "pid %d: agent dlopen returned", t.pid());
-    std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(block.tid);
-    while (block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
-      if (deadline.expired()) {
-        t.abandon_scratch();
-        return Error(Errc::kTimedOut, "the agent's loader thread did not exit in time");
-      }
-      pause_briefly(20'000);
-    }
-    if (driven && before) {
-      // The thread that appeared besides the loader is the agent's listener.
-      auto now = REMORA_TRY(procfs::list_tasks(t.pid()));
-      for (pid_t tid : now)
-        if (tid != loader && std::find(before->begin(), before->end(), tid) == before->end()) listener = tid;
-    }
-    if (block.handle == 0) {
-      char msg[512] = "";
-      if (block.error)
-        (void)t.read(RemoteAddr(block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
-      msg[sizeof msg - 1] = '\0';
-      return Error(Errc::kToolFailed, std::string("the target could not load the agent: ") + msg);
-    }
-    return ok();
-  };
-  auto r = run();
-  cleanup();
-  if (!r) return std::move(r).error();
+  if (run.driven && run.before) {
+    // The thread that appeared besides the loader is the agent's listener.
+    auto now = REMORA_TRY(procfs::list_tasks(t.pid()));
+    for (pid_t tid : now)
+      if (tid != run.loader && std::find(run.before->begin(), run.before->end(), tid) == run.before->end())
+        listener = tid;
+  }
+  if (run.block.handle == 0) {
+    char msg[512] = "";
+    if (run.block.error)
+      (void)t.read(RemoteAddr(run.block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
+    msg[sizeof msg - 1] = '\0';
+    return Error(Errc::kToolFailed, std::string("the target could not load the agent: ") + msg);
+  }
   return listener;
 }
 
@@ -442,36 +489,191 @@ Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const Attach
 
 namespace {
 
+// After a lease call that failed on our side, is the read end still ours
+// to close? Only when the target's descriptor still names our pipe (the
+// inode of our write end) and the agent armed no lease for this process with
+// it: closing a number the target has reused meanwhile would close one of
+// its own descriptors, a worse harm than a leak.
+bool read_end_unclaimed(remote::Target& t, pid_t pid, uint64_t info_at, int read_fd, const UniqueFd& ours) {
+  struct stat mine {
+  }, theirs{};
+  std::string rpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(read_fd);
+  if (!ours || ::fstat(ours.get(), &mine) != 0 || ::stat(rpath.c_str(), &theirs) != 0) return false;
+  if (mine.st_dev != theirs.st_dev || mine.st_ino != theirs.st_ino) return false;
+  auto info = read_info(t, info_at);
+  return info && info->lease_pid != getpid();
+}
+
 // Arms a lease through the agent's `lease_fn`: a pipe made by the target,
 // whose write end we reopen (into `lease_fd`) through /proc/PID/fd and then
 // close in the target, so that the agent sees EOF exactly when this
-// controller is gone, whatever pid namespace separates us.
-Result<void> arm_lease(remote::Target& t, pid_t pid, uint64_t lease_fn, const CallOptions& on_listener,
-                       UniqueFd* lease_fd) {
+// controller is gone, whatever pid namespace separates us. Both ends are
+// owned handles until the agent takes the read end: no failure leaves
+// either open in the target.
+Result<void> arm_lease(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                       const CallOptions& on_listener, UniqueFd* lease_fd) {
   auto fds_at = REMORA_TRY(t.scratch_alloc(8));
   CallArg pargs[] = {CallArg::integer(fds_at.addr()), CallArg::integer(O_CLOEXEC)};
   auto p = REMORA_TRY(t.call_symbol("libc.so.6", "pipe2", pargs, on_listener));
-  int32_t fds[2] = {-1, -1};
-  if (p.value != 0 || !t.read(fds_at, std::as_writable_bytes(std::span(fds, 2))))
+  if (p.value != 0)
     return Error(Errc::kIo,
                  "pipe2 failed in the target: it may be out of file descriptors (see its RLIMIT_NOFILE); "
                  "attach without a lease (remora attach --keep) to go on without one");
+  int32_t fds[2] = {-1, -1};
+  // (Should this read fail, the numbers are unknown: nothing can close them.)
+  REMORA_TRY_CTX(t.read(fds_at, std::as_writable_bytes(std::span(fds, 2))),
+                 "read the lease pipe's descriptors");
+  remote::RemoteHandle read_end = remote::RemoteHandle::fd(t, fds[0], on_listener);
+  remote::RemoteHandle write_end = remote::RemoteHandle::fd(t, fds[1], on_listener);
   std::string wpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fds[1]);
   lease_fd->reset(::open(wpath.c_str(), O_WRONLY | O_CLOEXEC));
   const int open_errno = errno;
-  uint64_t close_w[] = {static_cast<uint64_t>(fds[1])};
-  (void)t.syscall(x::nr::kClose, close_w, on_listener);
-  if (!*lease_fd) {
-    uint64_t close_r[] = {static_cast<uint64_t>(fds[0])};
-    (void)t.syscall(x::nr::kClose, close_r, on_listener);
-    return Error::from_errno("open " + wpath, open_errno);
+  // Ours must be the only write end: were the target's left open, the lease
+  // could never expire.
+  if (auto closed = write_end.reset(); !closed) {
+    lease_fd->reset();
+    return std::move(closed).error().with_context("close the target's write end of the lease pipe");
   }
+  if (!*lease_fd) return Error::from_errno("open " + wpath, open_errno);
   CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])),
                      CallArg::integer(static_cast<uint64_t>(getpid()))};
-  auto l = REMORA_TRY(t.call(RemoteAddr(lease_fn), largs, on_listener));
-  if (l.value != 0) {
-    lease_fd->reset();
+  auto l = fault_injected("lease-call")
+               ? Result<remote::CallReport>(Error(Errc::kIo,
+                                                  "call the agent's lease entry point: fault injected by "
+                                                  "REMORA_INJECT_FAULT=lease-call"))
+               : t.call(RemoteAddr(agent.lease_fn), largs, on_listener);
+  // The agent owns the read end once its function ran, whatever it returned
+  // (it closes it when it cannot arm the lease).
+  if (l || !read_end_unclaimed(t, pid, agent.info, fds[0], *lease_fd)) read_end.release();
+  if (!l || l->value != 0) {
+    lease_fd->reset();  // a lease armed all the same expires at once: its tools detach
+    if (!l) return std::move(l).error();
     return Error(Errc::kIo, "the agent could not arm the lease");
+  }
+  return ok();
+}
+
+// Arms the lease of an attach that succeeded. When it cannot be armed, the
+// tools are detached again: attached without a lease they would outlive this
+// controller for good, and a failed attach must leave nothing attached.
+Result<void> arm_lease_or_detach(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                                 const CallOptions& on_listener, UniqueFd* lease_fd, const std::string& ctx) {
+  auto armed = arm_lease(t, pid, agent, on_listener, lease_fd);
+  if (armed) return ok();
+  Error e = std::move(armed).error().with_context("arm the lease");
+  if (e.code() == Errc::kTargetExited || e.code() == Errc::kNoSuchProcess)
+    return std::move(e).with_context(ctx);
+  auto d = t.call(RemoteAddr(agent.detach_fn), {}, on_listener);
+  if (!d || static_cast<int32_t>(d->value) != REMORA_AGENT_OK)
+    return std::move(e).with_context(ctx + " (the tools could not be detached again: run remora detach -p " +
+                                     std::to_string(pid) + ")");
+  return std::move(e).with_context(ctx + " (the tools were detached again)");
+}
+
+// Resolves the agent in the target, loading it first when it is not there.
+// Returns the listener's tid when the load had to find it itself (a stopped
+// process), else 0. `retired` receives our scratch mapping, which loaded the
+// agent and in which nothing runs any more: it normally goes within the
+// attach call; the handle removes it if a step fails before that call.
+Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& opts, const Deadline& deadline,
+                           AgentSymbols* agent, remote::RemoteHandle* retired, bool* loaded_now) {
+  bool loaded = REMORA_TRY(resolve_agent(t, agent));
+  REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
+  if (loaded) return 0;
+  // Refused through the environment: nothing is touched. (A loaded agent
+  // checks the same itself, in the target.)
+  REMORA_TRY(check_environment(pid));
+  auto path = REMORA_TRY(find_agent_library(opts.agent_path));
+  // Before anything is injected: what the load makes, against the
+  // target's seccomp filter (remote/seccomp.h).
+  REMORA_TRY(t.check_syscalls(remote::seccomp::agent_load_syscalls(), "load the agent"));
+  pid_t known_listener = REMORA_TRY(load_agent(t, path, deadline));
+  REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
+  loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true));
+  if (auto m = t.take_retired_scratch()) *retired = remote::RemoteHandle::mapping(t, *m);
+  if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps");
+  *loaded_now = true;
+  return known_listener;
+}
+
+// Waits until the agent's listener thread, started by its constructor, is
+// there; returns the agent's info block.
+Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
+                                            pid_t known_listener, const Deadline& deadline) {
+  for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
+    auto info = REMORA_TRY(read_info(t, info_at));
+    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
+      // Stopped process: the listener has not run yet to publish its tid.
+      // Publish it for it, so that later sessions find it too.
+      info.listener_tid = known_listener;
+      int32_t tid = known_listener;
+      (void)t.write(RemoteAddr(info_at + offsetof(remora_agent_info, listener_tid)),
+                    std::as_bytes(std::span(&tid, 1)));
+    }
+    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid != 0) return info;
+    if (deadline.expired()) {
+      std::string why = process_is_stopped(pid) ? " (the process is stopped: send it SIGCONT and retry)" : "";
+      return Error(Errc::kTimedOut, "the agent's listener thread did not start" + why);
+    }
+    pause_briefly(nap);
+  }
+}
+
+// The tool list the agent takes: "display|loadpath" entries for a first
+// attach, each tool made visible in the target (its memfd, if it needs one,
+// held in `memfds` and closed on the listener); the display names alone when
+// tools are loaded already (a re-attach: the agent compares the list and
+// refuses a different one).
+Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>& tools, bool reattach,
+                              const CallOptions& on_listener, std::vector<remote::RemoteHandle>* memfds) {
+  std::string list, display_list;
+  std::vector<std::optional<std::string>> real_tools;  // nullopt: no such file
+  for (const auto& tool : tools) {
+    char real[PATH_MAX];
+    real_tools.push_back(::realpath(tool.c_str(), real) ? std::optional<std::string>(real) : std::nullopt);
+    display_list += (display_list.empty() ? "" : ":") + real_tools.back().value_or(tool);
+  }
+  if (reattach) return display_list;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    if (!real_tools[i]) return Error(Errc::kInvalidArgument, "tool library " + tools[i] + " not found");
+    auto vf = REMORA_TRY(make_visible_owned(t, *real_tools[i], on_listener));
+    list += (list.empty() ? "" : ":") + *real_tools[i] + "|" + vf.path;
+    memfds->push_back(std::move(vf.memfd));
+  }
+  return list;
+}
+
+// The attach call. Our retired scratch goes within it (the agent removes it
+// first: nothing runs in it any more), or, for an agent older than that
+// entry point, by a call of its own just before. The tools' memfds are
+// closed once the call returned: the tools are loaded, or will not be.
+Result<void> call_agent_attach(remote::Target& t, const AgentSymbols& agent,
+                               const std::vector<std::byte>& env, const std::string& list,
+                               const CallOptions& on_listener, remote::RemoteHandle& retired,
+                               std::vector<remote::RemoteHandle>& memfds) {
+  if (retired && (agent.attach_unmap_fn == 0 || fault_injected("remove-scratch"))) {
+    if (fault_injected("remove-scratch"))
+      return Error(Errc::kIo,
+                   "remove the scratch mapping: fault injected by REMORA_INJECT_FAULT=remove-scratch");
+    REMORA_TRY(retired.reset());
+  }
+  std::vector<CallArg> args = {CallArg::buffer(env), CallArg::string(list)};
+  uint64_t attach_fn = agent.attach_fn;
+  if (retired) {
+    const auto m = retired.mapping();
+    args.push_back(CallArg::integer(m.start.addr()));
+    args.push_back(CallArg::integer(m.size));
+    attach_fn = agent.attach_unmap_fn;
+    retired.release();  // the agent's from this call on
+  }
+  auto rc = t.call(RemoteAddr(attach_fn), args, on_listener);
+  memfds.clear();
+  if (!rc) return std::move(rc).error();
+  int code = static_cast<int>(static_cast<int32_t>(rc->value));
+  if (code != REMORA_AGENT_OK) {
+    auto info = REMORA_TRY(read_info(t, agent.info));
+    info.message[sizeof info.message - 1] = '\0';
+    return Error(errc_for_agent(code), info.message);
   }
   return ok();
 }
@@ -490,124 +692,25 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   Deadline deadline = Deadline::after(opts.timeout);
   ProcessOutcome out;
   out.pid = pid;
-
   REMORA_LOG(kAttach, "pid %d: session ready", pid);
-  bool loaded = REMORA_TRY_CTX(resolve_agent(t, &s->agent), ctx);
-  REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
-  pid_t known_listener = 0;
-  if (!loaded) {
-    // Refused through the environment: nothing is touched. (A loaded agent
-    // checks the same itself, in the target.)
-    REMORA_TRY_CTX(check_environment(pid), ctx);
-    auto agent = REMORA_TRY_CTX(find_agent_library(opts.agent_path), ctx);
-    known_listener = REMORA_TRY_CTX(load_agent(t, agent, deadline), ctx);
-    REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
-    loaded = REMORA_TRY_CTX(resolve_agent(t, &s->agent, /*retire_own=*/true), ctx);
-    if (!loaded)
-      return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps").with_context(ctx);
-    out.agent_loaded_now = true;
-  }
-  // Our retired scratch (above) normally goes within the attach call; if a
-  // step fails before that call took it, it is removed by a call of its own.
-  struct RemoveRetired {
-    remote::Target& t;
-    ~RemoveRetired() {
-      if (auto m = t.take_retired_scratch()) (void)t.remove_scratch(*m);
-    }
-  } remove_retired{t};
-  // The listener starts in the agent's constructor; wait until it is there.
-  remora_agent_info info{};
-  for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
-    info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
-    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
-      // Stopped process: the listener has not run yet to publish its tid.
-      // Publish it for it, so that later sessions find it too.
-      info.listener_tid = known_listener;
-      int32_t tid = known_listener;
-      (void)t.write(RemoteAddr(s->agent.info + offsetof(remora_agent_info, listener_tid)),
-                    std::as_bytes(std::span(&tid, 1)));
-    }
-    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid != 0) break;
-    if (deadline.expired()) {
-      std::string why = process_is_stopped(pid) ? " (the process is stopped: send it SIGCONT and retry)" : "";
-      return Error(Errc::kTimedOut, "the agent's listener thread did not start" + why).with_context(ctx);
-    }
-    pause_briefly(nap);
-  }
+
+  // What this attach creates in the target, owned until the target takes it
+  // for good: whatever step fails, it is released in the target on return.
+  remote::RemoteHandle retired;
+  std::vector<remote::RemoteHandle> memfds;
+  pid_t known_listener =
+      REMORA_TRY_CTX(ensure_agent(t, pid, opts, deadline, &s->agent, &retired, &out.agent_loaded_now), ctx);
+  auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
   s->listener = info.listener_tid;
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   CallOptions on_listener{s->listener, opts.timeout};
 
-  // Tool list: "display|loadpath" entries for a first attach; the display
-  // names alone when the same tools are loaded already (a re-attach).
-  std::vector<remote::VisibleFile> visible;
-  std::string list, display_list;
-  std::vector<std::optional<std::string>> real_tools;  // nullopt: no such file
-  for (const auto& tool : opts.tools) {
-    char real[PATH_MAX];
-    real_tools.push_back(::realpath(tool.c_str(), real) ? std::optional<std::string>(real) : std::nullopt);
-    display_list += (display_list.empty() ? "" : ":") + real_tools.back().value_or(tool);
-  }
-  if (info.tools[0] != '\0') {
-    list = display_list;  // the agent compares and refuses a different list
-  } else {
-    for (size_t i = 0; i < opts.tools.size(); ++i) {
-      if (!real_tools[i])
-        return Error(Errc::kInvalidArgument, "tool library " + opts.tools[i] + " not found")
-            .with_context(ctx);
-      const std::string& real = *real_tools[i];
-      auto vf = remote::make_visible(t, real);
-      if (!vf) {
-        for (auto& v : visible) (void)remote::release(t, v);
-        return std::move(vf).error().with_context(ctx);
-      }
-      list += (list.empty() ? "" : ":") + std::string(real) + "|" + vf->path;
-      visible.push_back(std::move(*vf));
-    }
-  }
+  auto list = REMORA_TRY_CTX(tool_list(t, opts.tools, info.tools[0] != '\0', on_listener, &memfds), ctx);
   REMORA_LOG(kAttach, "pid %d: tools visible", pid);
-  auto env = encode_env(opts.env);
-  // Our scratch mapping, which loaded the agent, goes within the attach
-  // call itself: the agent removes it first (nothing runs in it any more).
-  auto retired = t.take_retired_scratch();
-  if (retired && s->agent.attach_unmap_fn == 0) {
-    if (auto r = t.remove_scratch(*retired); !r) return std::move(r).error().with_context(ctx);
-    retired.reset();
-  }
-  std::vector<CallArg> args = {CallArg::buffer(env), CallArg::string(list)};
-  uint64_t attach_fn = s->agent.attach_fn;
-  if (retired) {
-    args.push_back(CallArg::integer(retired->start.addr()));
-    args.push_back(CallArg::integer(retired->size));
-    attach_fn = s->agent.attach_unmap_fn;
-  }
-  auto rc = t.call(RemoteAddr(attach_fn), args, on_listener);
-  for (auto& v : visible) (void)remote::release(t, v);
-  if (!rc) return std::move(rc).error().with_context(ctx);
-  int code = static_cast<int>(static_cast<int32_t>(rc->value));
-  if (code != REMORA_AGENT_OK) {
-    info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
-    info.message[sizeof info.message - 1] = '\0';
-    return Error(errc_for_agent(code), info.message).with_context(ctx);
-  }
+  REMORA_TRY_CTX(call_agent_attach(t, s->agent, encode_env(opts.env), list, on_listener, retired, memfds),
+                 ctx);
   REMORA_LOG(kAttach, "pid %d: attached", pid);
-
-  if (opts.lease) {
-    if (auto armed = arm_lease(t, pid, s->agent.lease_fn, on_listener, &s->lease_fd); !armed) {
-      // Attached without a lease, the tools would outlive this controller
-      // for good: detach them again, so that a failed attach leaves
-      // nothing attached.
-      Error e = std::move(armed).error().with_context("arm the lease");
-      if (e.code() == Errc::kTargetExited || e.code() == Errc::kNoSuchProcess)
-        return std::move(e).with_context(ctx);
-      auto d = t.call(RemoteAddr(s->agent.detach_fn), {}, on_listener);
-      if (!d || static_cast<int32_t>(d->value) != REMORA_AGENT_OK)
-        return std::move(e).with_context(ctx +
-                                         " (the tools could not be detached again: run remora detach -p " +
-                                         std::to_string(pid) + ")");
-      return std::move(e).with_context(ctx + " (the tools were detached again)");
-    }
-  }
+  if (opts.lease) REMORA_TRY(arm_lease_or_detach(t, pid, s->agent, on_listener, &s->lease_fd, ctx));
   s->attached = true;
   out.ok = true;
   out.elapsed = std::chrono::steady_clock::now() - t0;
@@ -702,6 +805,29 @@ Result<std::vector<pid_t>> Controller::snapshot_tree(pid_t root) {
   return order;
 }
 
+namespace {
+
+// Runs work(i) for every i < n, on one thread per core but at most four,
+// this one included; returns when every call has returned.
+void for_each_parallel(size_t n, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    for (size_t i; (i = next.fetch_add(1)) < n;) work(i);
+  };
+  unsigned threads_wanted = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 4);
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < threads_wanted && i < n; ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& th : threads) th.join();
+}
+
+void record_failure(ProcessOutcome& o, const Error& e) {
+  o.code = e.code();
+  o.message = e.to_string();
+}
+
+}  // namespace
+
 Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const AttachOptions& opts) {
   auto pids = REMORA_TRY(snapshot_tree(root));
   // Hold a pidfd for each process from the snapshot on: a pid recycled
@@ -709,29 +835,19 @@ Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const At
   std::vector<UniqueFd> pidfds;
   for (pid_t p : pids) pidfds.emplace_back(static_cast<int>(::syscall(SYS_pidfd_open, p, 0)));
   std::vector<ProcessOutcome> outcomes(pids.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&]() {
-    for (size_t i; (i = next.fetch_add(1)) < pids.size();) {
-      outcomes[i].pid = pids[i];
-      if (!pidfds[i] || !pidfd_alive(pidfds[i].get())) {
-        outcomes[i].code = Errc::kTargetExited;
-        outcomes[i].message = "process " + std::to_string(pids[i]) + " exited before it could be attached";
-        continue;
-      }
-      auto r = attach_one(pids[i], pidfds[i].get(), opts);
-      if (r) {
-        outcomes[i] = *r;
-      } else {
-        outcomes[i].code = r.error().code();
-        outcomes[i].message = r.error().to_string();
-      }
+  for_each_parallel(pids.size(), [&](size_t i) {
+    outcomes[i].pid = pids[i];
+    if (!pidfds[i] || !pidfd_alive(pidfds[i].get())) {
+      outcomes[i].code = Errc::kTargetExited;
+      outcomes[i].message = "process " + std::to_string(pids[i]) + " exited before it could be attached";
+      return;
     }
-  };
-  unsigned n = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 4);
-  std::vector<std::thread> threads;
-  for (unsigned i = 1; i < n && i < pids.size(); ++i) threads.emplace_back(worker);
-  worker();
-  for (auto& th : threads) th.join();
+    auto r = attach_one(pids[i], pidfds[i].get(), opts);
+    if (r)
+      outcomes[i] = *r;
+    else
+      record_failure(outcomes[i], r.error());
+  });
   std::lock_guard lock(mu_);
   auto& attached = trees_[root];
   for (const auto& o : outcomes)
@@ -751,23 +867,12 @@ Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, std::chr
   }
   if (pids.empty()) pids = REMORA_TRY(snapshot_tree(root));  // attached by another controller
   std::vector<ProcessOutcome> outcomes(pids.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&]() {
-    for (size_t i; (i = next.fetch_add(1)) < pids.size();) {
-      outcomes[i].pid = pids[i];
-      auto r = detach_one(pids[i], timeout);
-      outcomes[i].ok = r.ok();
-      if (!r) {
-        outcomes[i].code = r.error().code();
-        outcomes[i].message = r.error().to_string();
-      }
-    }
-  };
-  unsigned n = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 4);
-  std::vector<std::thread> threads;
-  for (unsigned i = 1; i < n && i < pids.size(); ++i) threads.emplace_back(worker);
-  worker();
-  for (auto& th : threads) th.join();
+  for_each_parallel(pids.size(), [&](size_t i) {
+    outcomes[i].pid = pids[i];
+    auto r = detach_one(pids[i], timeout);
+    outcomes[i].ok = r.ok();
+    if (!r) record_failure(outcomes[i], r.error());
+  });
   return outcomes;
 }
 

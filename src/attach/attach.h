@@ -75,10 +75,11 @@ class Controller {
 
   // Snapshots the tree under `root` breadth-first (through
   // /proc/PID/task/*/children), holds a pidfd for each process, and attaches
-  // each one, using both cores. A failure on one process is reported in its
-  // outcome (ok == false, code, message) and the others continue; the Result
-  // fails only when the tree cannot be read at all. (The C and rocattach
-  // APIs turn the outcomes into "the last error seen".)
+  // each one, on one thread per core (at most four). A failure on one
+  // process is reported in its outcome (ok == false, code, message) and the
+  // others continue; the Result fails only when the tree cannot be read at
+  // all. (The C and rocattach APIs turn the outcomes into "the last error
+  // seen".)
   Result<std::vector<ProcessOutcome>> attach_tree(pid_t root, const AttachOptions& opts);
   // Detaches what attach_tree(root) attached.
   Result<std::vector<ProcessOutcome>> detach_tree(

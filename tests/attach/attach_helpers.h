@@ -3,6 +3,7 @@
 // getenv. Header-only; tests may throw HarnessError (see harness.h).
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,9 +15,12 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -159,6 +163,42 @@ inline bool agent_mapped(pid_t pid) {
     if (l.find("libremora-agent") != std::string::npos) return true;
   return false;
 }
+
+// The process's open descriptors (/proc/PID/fd): number -> what it names
+// ("pipe:[123]", "/memfd:remora:libx.so (deleted)", ...).
+inline std::map<int, std::string> open_fds(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) throw HarnessError("opendir " + dir + ": " + std::strerror(errno));
+  std::map<int, std::string> out;
+  while (dirent* e = ::readdir(d.get())) {
+    if (e->d_name[0] == '.') continue;
+    char link[PATH_MAX] = "";
+    ssize_t n = ::readlink((dir + "/" + e->d_name).c_str(), link, sizeof link - 1);
+    out[std::atoi(e->d_name)] = n > 0 ? std::string(link, static_cast<size_t>(n)) : "?";
+  }
+  return out;
+}
+
+inline std::string describe_fds(const std::map<int, std::string>& fds) {
+  std::string s;
+  for (const auto& [fd, what] : fds) s += " " + std::to_string(fd) + "=" + what;
+  return s.empty() ? " (none)" : s;
+}
+
+// Sets an environment variable of this (the controller's) process for a
+// scope. Only from the test's own thread, before and after the calls that
+// read it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 // Mappings of the process that a fork does not copy (VmFlags "dc"). Remora's
 // own scratch mapping is the only one the test targets have: a count back

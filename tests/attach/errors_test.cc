@@ -5,6 +5,7 @@
 #include <map>
 
 #include "attach_helpers.h"
+#include "remote/visible_file.h"
 
 namespace remora::test {
 namespace {
@@ -90,6 +91,115 @@ TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttached) {
   EXPECT_EQ(status_or_throw(pid).lease_pid, getpid());
   auto d = c.detach(pid);
   ASSERT_TRUE(d.ok()) << describe(d.error());
+}
+
+// A lease that cannot be armed (the target has no two free descriptors for
+// the lease's pipe) leaves no descriptor of the attempt behind in the target:
+// /proc/PID/fd names the same descriptors before and after the failed
+// attach, which loaded the agent and the tool and detached the tool again.
+TEST_F(AttachErrors, FailedLeaseLeavesNoDescriptorInTheTarget) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  ASSERT_EQ(target.command("fill-fds").rfind("filled ", 0), 0u);
+  const auto before = open_fds(pid);
+  AttachOptions opts = options_for(log_);
+  opts.lease = true;
+  Controller c;
+  auto r = c.attach(pid, opts);
+  ASSERT_FALSE(r.ok()) << "attached although the lease could not be armed";
+  EXPECT_TRUE(contains_icase(r.error().to_string(), "pipe2")) << describe(r.error());
+  EXPECT_TRUE(agent_mapped(pid));
+  EXPECT_FALSE(status_or_throw(pid).attached);
+  const auto after_failure = open_fds(pid);
+  EXPECT_EQ(after_failure, before) << "before:" << describe_fds(before)
+                                   << "\nafter:" << describe_fds(after_failure);
+  ASSERT_EQ(target.command("free-fds"), "ok");
+  auto again = c.attach(pid, opts);
+  ASSERT_TRUE(again.ok()) << describe(again.error());
+  EXPECT_EQ(status_or_throw(pid).lease_pid, getpid());
+  ASSERT_TRUE(c.detach(pid).ok());
+}
+
+// The call that hands the lease pipe to the agent fails on the
+// controller's side, the pipe made: the read end, which the agent never
+// took, is closed again, and the tools are detached again. Injected through
+// the controller's REMORA_INJECT_FAULT=lease-call: only a seize that fails
+// or a deadline that passes between two calls on the listener would do it
+// otherwise, which no test can time.
+TEST_F(AttachErrors, FailedLeaseCallLeavesNoPipeInTheTarget) {
+  TargetProcess target("remora_attach_target");
+  const pid_t pid = target.pid();
+  const auto before = open_fds(pid);
+  AttachOptions opts = options_for(log_);
+  opts.lease = true;
+  Controller c;
+  {
+    ScopedEnv fault("REMORA_INJECT_FAULT", "lease-call");
+    auto r = c.attach(pid, opts);
+    ASSERT_FALSE(r.ok()) << "the injected fault did not fail the attach";
+    EXPECT_TRUE(contains_icase(r.error().to_string(), "REMORA_INJECT_FAULT")) << describe(r.error());
+    EXPECT_TRUE(contains_icase(r.error().to_string(), "detached again")) << describe(r.error());
+  }
+  const auto after_failure = open_fds(pid);
+  EXPECT_EQ(after_failure, before) << "before:" << describe_fds(before)
+                                   << "\nafter:" << describe_fds(after_failure);
+  const auto st = status_or_throw(pid);
+  EXPECT_FALSE(st.attached);
+  EXPECT_EQ(st.lease_pid, 0);
+  EXPECT_EQ(whats(log_.lines()), (std::vector<std::string>{"a:configure", "a:configure_attach", "a:tool_init",
+                                                           "a:tool_attach", "a:tool_detach"}))
+      << log_.dump();
+}
+
+// The tools reach a target in a mount namespace of its own as memfds (the
+// tool's path shows /dev/null there). When the attach then fails before its
+// call (the removal of the scratch mapping that loaded the agent), the memfds
+// are closed and the scratch removed all the same. The failure is injected
+// through the controller's REMORA_INJECT_FAULT: only an agent without
+// remora_agent_attach_unmap takes that route, and only a failing remote
+// munmap fails it, which no live target does.
+TEST_F(AttachErrors, FailedScratchRemovalLeavesNoMemfdInTheTarget) {
+  if (::geteuid() != 0 || ::access("/usr/bin/unshare", X_OK) != 0) {
+    printf("  skipped: needs root and /usr/bin/unshare (the target runs in a mount namespace of its own)\n");
+    GTEST_SKIP() << "needs root and /usr/bin/unshare";
+  }
+  const std::string tool = real(kToolA);
+  auto proc = Spawned::start({"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                              "mount --bind /dev/null \"$0\" && exec \"$1\"", tool,
+                              bin_path("remora_attach_target")});
+  ASSERT_EQ(proc->wait_line(after(10s), "ready"), "ready " + std::to_string(proc->pid()));
+  const pid_t pid = proc->pid();
+  {
+    // The setup holds: the target cannot open the tool by its path.
+    auto t = open_target(pid);
+    auto vf = remote::make_visible(*t, tool);
+    ASSERT_TRUE(vf.ok()) << describe(vf.error());
+    EXPECT_TRUE(vf->via_memfd()) << "the target sees the tool's own file: the memfd route is not taken";
+    ASSERT_TRUE(remote::release(*t, *vf).ok());
+    ASSERT_TRUE(t->close().ok());
+  }
+  const auto before = open_fds(pid);
+  const int dontfork_before = dontfork_mappings(pid);
+  Controller c;
+  {
+    ScopedEnv fault("REMORA_INJECT_FAULT", "remove-scratch");
+    auto r = c.attach(pid, options_for(log_));
+    ASSERT_FALSE(r.ok()) << "the injected fault did not fail the attach";
+    EXPECT_TRUE(contains_icase(r.error().to_string(), "REMORA_INJECT_FAULT")) << describe(r.error());
+  }
+  const auto after_failure = open_fds(pid);
+  EXPECT_EQ(after_failure, before) << "before:" << describe_fds(before)
+                                   << "\nafter:" << describe_fds(after_failure);
+  EXPECT_EQ(dontfork_mappings(pid), dontfork_before) << "the scratch mapping was left in the target";
+  EXPECT_TRUE(agent_mapped(pid));
+  EXPECT_TRUE(log_.lines().empty()) << log_.dump();
+  // Without the fault, the same target takes the tool through its memfd.
+  auto good = c.attach(pid, options_for(log_));
+  ASSERT_TRUE(good.ok()) << describe(good.error());
+  EXPECT_EQ(log_.find("a:tool_attach", pid).size(), 1u) << log_.dump();
+  ASSERT_TRUE(c.detach(pid).ok());
+  EXPECT_EQ(open_fds(pid), before);
+  proc->send("quit");
 }
 
 // A tool without remora_configure_attach: kNotAttachable, naming the

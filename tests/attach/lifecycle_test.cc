@@ -431,10 +431,6 @@ TEST_F(Lifecycle, ForkedWhileAttachedChildIsDetachedOnItsOwn) {
 namespace remora::test {
 namespace {
 
-// The agent carries Remora's call stubs so that calls on its listener need
-// no scratch mapping (attach.cc adopts them only when they are byte for byte
-// arch::x86_64::stub_code()). Were they to drift apart, every attach would
-// silently map a scratch of its own again.
 // Remote calls on the listener are marked calls although it blocks every
 // signal (the frame lets the marker through, ptrace restores the mask):
 // two stops, however many system calls the function makes, and the
@@ -468,13 +464,28 @@ TEST_F(Lifecycle, CallsOnTheListenerAreMarkedAndKeepItsMask) {
   ASSERT_TRUE(d.ok()) << describe(d.error());
 }
 
-TEST(AgentStub, IsExactlyTheEnginesStubCode) {
+// The agent carries Remora's call stubs so that calls on its listener need
+// no scratch mapping (attach.cc adopts them only when they are byte for byte
+// arch::x86_64::stub_code()). Both are assembled from one source,
+// src/arch/x86_64_stub.S, so they cannot drift apart; this checks the export
+// itself: the agent exports the whole block under the name attach.cc looks
+// up, in a mapping a thread can execute.
+TEST(AgentStub, ExportsTheEnginesStubCode) {
   void* agent = dlopen(REMORA_AGENT_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(agent, nullptr) << dlerror();
   const void* stub = dlsym(agent, "remora_agent_stub");
   ASSERT_NE(stub, nullptr) << dlerror();
   auto want = arch::x86_64::stub_code();
   EXPECT_EQ(std::memcmp(stub, want.data(), want.size()), 0);
+  const uint64_t at = reinterpret_cast<uintptr_t>(stub);
+  EXPECT_EQ(at % 64, 0u) << "the block is 64-byte aligned in the agent";
+  auto maps = procfs::read_maps(getpid());
+  ASSERT_TRUE(maps.ok()) << describe(maps.error());
+  bool executable = false;
+  for (const auto& m : *maps)
+    if (m.start <= at && at + want.size() <= m.end) executable = m.exec && m.read && !m.write;
+  EXPECT_TRUE(executable) << "remora_agent_stub lies in no single r-x mapping";
+  // Not closed: the agent's constructor started its listener thread here.
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// remora_test_harness: support for the integration tests.
+// remora_test_harness: support for the remote-engine and attach tests.
 //
 //  * Spawned: a child process with pipes to its stdin and from its stdout,
 //    in its own process group, killed (whole group) and reaped by the

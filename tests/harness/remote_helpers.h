@@ -1,6 +1,6 @@
-// Helpers for integration suites that drive remote::Target. Header-only, so
-// that remora_test_harness itself does not depend on the engine; include it
-// only from suites that link remora_remote.
+// Helpers for the suites that drive remote::Target (tests/remote and others).
+// Header-only, so that remora_test_harness itself does not depend on the
+// engine; include it only from suites that link remora_remote.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,0 +1,30 @@
+// The options several subcommands share, declared in one place so that they
+// parse, check and read alike in every --help: -p/--pid (attach, detach,
+// status, call) and --timeout (attach, detach, call, run).
+#pragma once
+
+#include <sys/types.h>
+
+#include <limits>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace remora::cli {
+
+// -p,--pid PID: required; a pid (1 to INT_MAX).
+inline CLI::Option* add_pid_option(CLI::App* sub, pid_t& pid, const std::string& help) {
+  return sub->add_option("-p,--pid", pid, help)
+      ->required()
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+}
+
+// --timeout MSEC: 1 ms to 1 hour; the default (the option's initial value)
+// is shown in --help.
+inline CLI::Option* add_timeout_option(CLI::App* sub, long& timeout_ms, const std::string& help) {
+  return sub->add_option("--timeout", timeout_ms, help)
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 3600L * 1000L));
+}
+
+}  // namespace remora::cli

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Layering check: every #include "..." in src/, agent/, tools/, cli/, compat/
+and include/ must name a header of its own module or of a layer its module may
+use. Run by ctest (label "layering"); exits 1 naming file:line and the rule
+for every include that breaks one.
+
+Layers, lowest first (a layer may include any lower layer, never a peer or a
+higher one):
+    include/ (public headers; they include only each other)
+    base <- procfs, elf <- arch <- ptrace <- remote <- control, attach <- capi <- cli, compat
+agent/ and tools/ run inside the target: they may include include/, the
+header-only headers of base/ (those without a .cc of their own), and their
+own files. agent/protocol.h, the protocol shared by the agent and the
+controller, may be included by attach and the layers above it.
+"""
+
+import os
+import re
+import sys
+
+import cscan
+
+RANK = {
+    "include": 0,
+    "base": 1,
+    "procfs": 2,
+    "elf": 2,
+    "arch": 3,
+    "ptrace": 4,
+    "remote": 5,
+    "control": 6,
+    "attach": 6,
+    "capi": 7,
+    "cli": 8,
+    "compat": 8,
+}
+IN_TARGET = ("agent", "tools")  # code loaded into target processes
+PROTOCOL_HEADER = "agent/protocol.h"
+PROTOCOL_USERS = ("attach", "capi", "cli", "compat")
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def module_of(path):
+    """The module of a repository path: a layer name, 'agent', 'tools' or None."""
+    parts = path.split("/")
+    if parts[0] == "src" and len(parts) > 2:
+        return parts[1]
+    if parts[0] in ("agent", "tools", "cli", "compat", "include"):
+        return parts[0]
+    return None
+
+
+def resolve(root, including, name):
+    """The repository path an include names, or None when it names no file of ours.
+
+    Quoted includes are looked up next to the including file first (as the
+    compiler does), then in the include directories the build gives: src/,
+    include/ and the repository root (agent/protocol.h)."""
+    for base in (os.path.dirname(including), "src", "include", ""):
+        candidate = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(os.path.join(root, candidate)):
+            return candidate
+    return None
+
+
+def header_only_base(root):
+    """base/ headers with no .cc of their own: safe in code loaded into a target."""
+    base = os.path.join(root, "src", "base")
+    return {
+        "src/base/" + f
+        for f in os.listdir(base)
+        if f.endswith(".h") and not os.path.exists(os.path.join(base, f[:-2] + ".cc"))
+    }
+
+
+def rule_for(root, src, target, header_only):
+    """None when `src` may include `target`; otherwise the rule it breaks."""
+    m, t = module_of(src), module_of(target)
+    if t is None:
+        return "includes %s, which is outside every layer" % target
+    if m == "include":
+        if t != "include":
+            return "public headers (include/) include only other public headers"
+        return None
+    if m in IN_TARGET:
+        if t == "include" or target in header_only:
+            return None
+        if m == "agent" and target.startswith("agent/"):
+            return None
+        if m == "tools" and target.split("/")[:2] == src.split("/")[:2]:
+            return None
+        return ("%s/ runs inside the target: it may include only include/, its own files and the "
+                "header-only base/ headers (%s)" % (m, ", ".join(sorted(os.path.basename(h) for h in header_only))))
+    if target == PROTOCOL_HEADER:
+        if m in PROTOCOL_USERS:
+            return None
+        return "agent/protocol.h is for attach and the layers above it (%s)" % ", ".join(PROTOCOL_USERS)
+    if t in IN_TARGET:
+        return "%s/ is code loaded into targets: no layer includes it" % t
+    if m not in RANK:
+        return "%s is in no layer of the map (tests/layering/check_includes.py)" % src
+    if t == m:
+        return None
+    if RANK[t] < RANK[m]:
+        return None
+    kind = "a peer layer" if RANK[t] == RANK[m] else "a higher layer"
+    return "%s may not include %s (%s): layers, lowest first: %s" % (m, t, kind, layer_order())
+
+
+def layer_order():
+    by_rank = {}
+    for name, r in RANK.items():
+        by_rank.setdefault(r, []).append(name)
+    return " <- ".join(", ".join(sorted(v)) for _, v in sorted(by_rank.items()))
+
+
+def main():
+    root = cscan.repo_root()
+    header_only = header_only_base(root)
+    files = cscan.source_files(root)
+    problems = []
+    count = 0
+    for path in files:
+        with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        # Includes inside comments are not includes: blank comments, keep strings.
+        code = _blank_comments_only(text)
+        for m in INCLUDE_RE.finditer(code):
+            count += 1
+            name = m.group(1)
+            line = cscan.line_of(code, m.start())
+            target = resolve(root, path, name)
+            if target is None:
+                problems.append("%s:%d: #include \"%s\" names no file of the repository "
+                                "(looked next to the file, in src/, include/ and the root)" % (path, line, name))
+                continue
+            why = rule_for(root, path, target, header_only)
+            if why:
+                problems.append("%s:%d: #include \"%s\": %s" % (path, line, name, why))
+    print("layering: checked %d #include \"...\" lines in %d files under %s/" %
+          (count, len(files), "/, ".join(cscan.SCANNED_DIRS)))
+    print("layering: layers, lowest first: %s; agent/ and tools/: include/, own files and header-only base/ (%s)" %
+          (layer_order(), ", ".join(sorted(os.path.basename(h) for h in header_only))))
+    for p in problems:
+        print(p)
+    if problems:
+        print("layering: %d include(s) break the layering: move the code to the right layer, or "
+              "change the map in tests/layering/check_includes.py and docs/architecture.md together" % len(problems))
+        return 1
+    print("layering: OK")
+    return 0
+
+
+def _blank_comments_only(text):
+    """Comments blanked, string literals kept (the include names are strings)."""
+    blanked = cscan.blank(text)
+    out = list(blanked)
+    # Restore the string contents on #include lines only.
+    for m in re.finditer(r'^[ \t]*#[ \t]*include[^\n]*', text, re.M):
+        if blanked[m.start():m.end()].lstrip().startswith("#"):
+            out[m.start():m.end()] = text[m.start():m.end()]
+    return "".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
