@@ -51,7 +51,7 @@ demo: build
 
 bench: build
 	$(BUILD_DIR)/bin/remora-bench-call
-	$(BUILD_DIR)/bin/remora-bench-attach
+	$(BUILD_DIR)/bin/remora-bench-attach $(BUILD_DIR)/lib/libremora-agent.so $(BUILD_DIR)/lib/libremora-hook-tool-a.so
 
 # clang-format is not a build dependency; install it to use this target.
 format:

@@ -17,6 +17,7 @@
 
 #if defined(__x86_64__)
 #include <elf.h>
+#include <linux/audit.h>
 #include <sys/user.h>
 #endif
 
@@ -34,6 +35,9 @@ static_assert(sizeof(HostRegs) == sizeof(user_regs_struct), "arch::x86_64::Regs 
 inline constexpr unsigned kExtendedStateRegset = NT_X86_XSTATE;
 inline constexpr unsigned kLegacyFpRegset = NT_PRFPREG;
 inline constexpr size_t kLegacyFpSize = 512;
+// The AUDIT_ARCH_* value a seccomp filter sees in seccomp_data.arch for
+// this host's native system calls.
+inline constexpr uint32_t kAuditArch = AUDIT_ARCH_X86_64;
 
 inline uint64_t pc(const HostRegs& r) { return r.rip; }
 inline void set_pc(HostRegs& r, uint64_t v) { r.rip = v; }

@@ -35,6 +35,7 @@ const char* request_name(int req) {
     case PTRACE_GETEVENTMSG: return "GETEVENTMSG";
     case PTRACE_SETOPTIONS: return "SETOPTIONS";
     case PTRACE_GETREGS: return "GETREGS";
+    case PTRACE_SECCOMP_GET_FILTER: return "SECCOMP_GET_FILTER";
     case PTRACE_SETREGS: return "SETREGS";
     case PTRACE_GETREGSET: return "GETREGSET";
     case PTRACE_SETREGSET: return "SETREGSET";
@@ -179,6 +180,10 @@ Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate) {
   iovec iov{const_cast<std::byte*>(xstate.data()), xstate.size()};
   const auto regset = xstate.size() == arch::kLegacyFpSize ? arch::kLegacyFpRegset : arch::kExtendedStateRegset;
   return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(regset), &iov);
+}
+
+Result<long> seccomp_get_filter(pid_t tid, unsigned long index, void* out) {
+  return request(PTRACE_SECCOMP_GET_FILTER, tid, reinterpret_cast<void*>(index), out);
 }
 
 Result<uint64_t> get_sigmask(pid_t tid) {

@@ -54,6 +54,12 @@ Result<void> set_regs(pid_t tid, const Regs& regs);
 // back either form, told apart by its size.
 Result<std::vector<std::byte>> get_xstate(pid_t tid);
 Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate);
+// PTRACE_SECCOMP_GET_FILTER: the number of instructions of the thread's
+// filter `index` (0 = the newest), copied to `out` (struct sock_filter[],
+// nullptr to learn the count). Errors keep the kernel's errno: ENOENT past
+// the last filter, EINVAL for a thread not in filter mode, EACCES without
+// CAP_SYS_ADMIN. See ptrace/seccomp_filter.h.
+Result<long> seccomp_get_filter(pid_t tid, unsigned long index, void* out);
 Result<uint64_t> get_sigmask(pid_t tid);
 Result<void> set_sigmask(pid_t tid, uint64_t mask);
 Result<siginfo_t> get_siginfo(pid_t tid);

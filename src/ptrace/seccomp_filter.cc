@@ -1,6 +1,5 @@
-// See seccomp_filter.h. The requests are made here with ::ptrace directly
-// (ptrace.cc's request wrapper is private to it) and logged on the same
-// "ptrace" channel.
+// See seccomp_filter.h. The requests go through the ptrace layer's one
+// wrapper (ptrace::seccomp_get_filter), logged on the "ptrace" channel.
 #include "ptrace/seccomp_filter.h"
 
 #include <sys/ptrace.h>
@@ -9,10 +8,6 @@
 
 #include "base/log.h"
 #include "ptrace/ptrace.h"
-
-#ifndef PTRACE_SECCOMP_GET_FILTER
-#define PTRACE_SECCOMP_GET_FILTER 0x420c
-#endif
 
 namespace remora::ptrace {
 
@@ -23,14 +18,13 @@ namespace {
 // (kernel/seccomp.c), so at most 6553 filters.
 constexpr long kMaxFilters = 8192;
 
+// The request through the ptrace layer's one wrapper (logged there); -1 with
+// errno set to the kernel's answer on failure, as the loop below reads it.
 long get_filter(pid_t tid, unsigned long index, sock_filter* out) {
-  errno = 0;
-  long r = ::ptrace(static_cast<__ptrace_request>(PTRACE_SECCOMP_GET_FILTER), tid,
-                    reinterpret_cast<void*>(index), out);
-  int err = errno;
-  REMORA_LOG(kPtrace, "PTRACE_SECCOMP_GET_FILTER tid=%d index=%lu -> %ld (errno %d)", tid, index, r, err);
-  errno = err;
-  return r;
+  auto r = seccomp_get_filter(tid, index, out);
+  if (r) return *r;
+  errno = r.error().sys_errno() != 0 ? r.error().sys_errno() : EIO;
+  return -1;
 }
 
 }  // namespace

@@ -428,7 +428,7 @@ bool only_enosys(const Outcome& o) {
 Outcome evaluate_planned(std::span<const Program> programs, const PlannedSyscall& p, long nr) {
   SyscallData d;
   d.nr = static_cast<int32_t>(nr);
-  d.arch = AUDIT_ARCH_X86_64;
+  d.arch = arch::kAuditArch;
   d.args = p.args;
   d.args_known = nr == p.nr ? p.args_known : 0;
   return evaluate_stack(programs, d);
@@ -646,6 +646,9 @@ std::string Guard::sigsys_note(pid_t tid, long nr) const {
 Result<void> Guard::check_running(pid_t pid, pid_t tid, std::span<const PlannedSyscall> plan,
                                   std::string_view what, const Deadline& deadline) {
   REMORA_TRY(before_seize(pid, tid));
+  // A thread whose status (read within the last 250 ms) says no seccomp has
+  // no filter to read: no seize, no stop (one round trip fewer per attach).
+  if (threads_[tid].mode == 0 && threads_[tid].read != std::chrono::steady_clock::time_point{}) return ok();
   auto f = REMORA_TRY(ptrace::read_seccomp_filters_of_running(pid, tid, deadline));
   Thread& t = threads_[tid];
   t.unreadable_errno = f.state == ptrace::SeccompFilters::State::kUnreadable ? f.err : 0;

@@ -1,6 +1,7 @@
 // Tables for remote/seccomp.h: programs assembled by hand (one per rule of
 // the interpreter), and programs made by libseccomp (seccomp_export_bpf),
 // which is what real targets install.
+#include "arch/arch.h"
 #include "remote/seccomp.h"
 
 #include <gtest/gtest.h>
@@ -30,7 +31,7 @@ constexpr uint32_t kErrnoEperm = SECCOMP_RET_ERRNO | EPERM;
 Program deny(long nr, uint32_t action) {
   return {
       stmt(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      jump(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      jump(BPF_JMP | BPF_JEQ | BPF_K, remora::arch::kAuditArch, 1, 0),
       stmt(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
       stmt(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
       jump(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
@@ -42,7 +43,7 @@ Program deny(long nr, uint32_t action) {
 SyscallData call(long nr, std::array<uint64_t, 6> args = {}, uint8_t known = 0x3f) {
   SyscallData d;
   d.nr = static_cast<int32_t>(nr);
-  d.arch = AUDIT_ARCH_X86_64;
+  d.arch = remora::arch::kAuditArch;
   d.args = args;
   d.args_known = known;
   return d;
@@ -98,7 +99,7 @@ TEST(SeccompBpf, DenyOneCall) {
   }
   // Another architecture is killed by the arch check.
   SyscallData x32 = call(SYS_mmap);
-  x32.arch = AUDIT_ARCH_I386;
+  x32.arch = remora::arch::kAuditArch ^ 0x1;  // any other AUDIT_ARCH value
   EXPECT_EQ(rets(evaluate(deny(SYS_write, SECCOMP_RET_ALLOW), x32)),
             std::vector<uint32_t>{SECCOMP_RET_KILL_PROCESS});
 }

@@ -13,13 +13,13 @@
 
 #include <linux/openat2.h>
 
-#include "arch/x86_64.h"
+#include "arch/host.h"
 #include "base/unique_fd.h"
 
 namespace remora::remote {
 namespace {
 
-namespace x = arch::x86_64;
+namespace a = arch::host;
 
 // Same identity as seen through the target's root (resolved inside it)?
 bool target_sees_same_file(pid_t pid, const std::string& path, const struct stat& host) {
@@ -118,7 +118,7 @@ Result<VisibleFile> make_visible(Target& target, const std::string& host_path) {
 Result<void> release(Target& target, VisibleFile& file) {
   if (!file.via_memfd()) return ok();
   uint64_t args[] = {static_cast<uint64_t>(file.remote_fd)};
-  auto r = REMORA_TRY(target.syscall(x::nr::kClose, args));
+  auto r = REMORA_TRY(target.syscall(a::nr::kClose, args));
   file.remote_fd = -1;
   if (static_cast<int64_t>(r.value) != 0)
     return Error(Errc::kIo, "close of the memfd in the target failed",

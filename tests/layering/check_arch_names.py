@@ -30,6 +30,7 @@ NAMES = [
     (r"\buser_regs_struct\b|\buser_fpregs_struct\b|\buser_pt_regs\b|\buser_fpsimd_struct\b",
      "a kernel register-set type"),
     (r"\bNT_X86_\w+|\bNT_ARM_\w+", "an architecture's register-set note"),
+    (r"\bAUDIT_ARCH_\w+", "an architecture's audit (seccomp) identifier"),
     (r"\b__x86_64__\b|\b__aarch64__\b|\b__amd64__\b|\b__i386__\b|\b__arm__\b", "an architecture macro"),
 ]
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"arch/((?:x86_64|aarch64)[^"]*)"', re.M)
