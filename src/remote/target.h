@@ -2,7 +2,7 @@
 // one thread call a function (or a system call) and return, leaving the
 // process exactly as it was.
 //
-// How a call works (x86_64; see remote/target.cc for the details and why):
+// How a call works (see remote/transaction.cc for the details and why):
 //  * Only the chosen thread T stops: it is seized, interrupted, used and
 //    detached again within the one call. Every other thread keeps running.
 //  * T's general registers, full xsave area, signal mask and syscall-restart
