@@ -9,7 +9,6 @@
 // is malformed: the kernel would have refused to install it.
 #include "remote/seccomp.h"
 
-#include <linux/audit.h>
 #include <linux/prctl.h>
 #include <linux/seccomp.h>
 #include <signal.h>
@@ -21,6 +20,7 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "arch/arch.h"
 #include "procfs/procfs.h"
 #include "ptrace/seccomp_filter.h"
 

@@ -35,6 +35,9 @@ class ControllerDeath : public IntegrationTest {
   void run(const std::string& program, std::vector<std::string> target_args = {}) {
     TargetProcess target(program, std::move(target_args));
     target.snapshot();
+    // The vector-state target says which register files its threads hold
+    // (and which it skipped, and why): the cure path restores each.
+    if (program == "remora_target_simd") printf("  register files: %s\n", target.command("features").c_str());
     pid_t pid = target.pid();
     std::mt19937 rng(static_cast<unsigned>(pid));
     std::uniform_int_distribution<int> delay_us(0, 3000);
