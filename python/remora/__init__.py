@@ -22,6 +22,8 @@ runs on the main thread.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import operator
 import os
 import select
@@ -149,6 +151,66 @@ def _env(env: Env, forward_environment: bool) -> list[str]:
     return [f"{k}={v}" for k, v in merged.items()]
 
 
+@dataclasses.dataclass(frozen=True)
+class _AttachOptions:
+    """How to attach: the options that attach(), attached() and Session() all
+    take, defined here once with their defaults (documented on attach()).
+    Plain data: the entry points check the values, in the order they did
+    when each spelled the options out."""
+
+    attach_library: PathLike | None = None
+    attach_children: bool = True
+    env: Env = None
+    lease: bool = True
+    timeout_msec: int | None = None
+    agent_path: PathLike | None = None
+    forward_environment: bool = True
+
+    def keywords(self) -> dict[str, object]:
+        """The options as keyword arguments of another entry point."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _takes_attach_options(*, positional: tuple[str, ...] = ()):
+    """Gives the decorated entry point its public signature: its own
+    parameters with the _AttachOptions fields in place of its `options`
+    parameter. The fields named in `positional` follow its positional
+    parameters (attach() takes attach_library, attach_children and env by
+    position too), the others are keyword-only, before its own keyword-only
+    ones. The body receives the bound fields as one _AttachOptions."""
+
+    def decorate(fn):
+        own = inspect.signature(fn)
+        options = [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name in positional else inspect.Parameter.KEYWORD_ONLY,
+                default=f.default,
+                annotation=f.type,
+            )
+            for f in dataclasses.fields(_AttachOptions)
+        ]
+        params = [p for p in own.parameters.values() if p.name != "options"]
+        leading = [p for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        trailing = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        options.sort(key=lambda p: p.kind)  # positional ones first, in field order
+        public = own.replace(parameters=leading + options + trailing)
+        names = [f.name for f in dataclasses.fields(_AttachOptions)]
+
+        @functools.wraps(fn)
+        def entry(*args, **kwargs):
+            bound = public.bind(*args, **kwargs)  # TypeError as for any call that does not fit
+            bound.apply_defaults()
+            values = bound.arguments
+            chosen = _AttachOptions(**{name: values.pop(name) for name in names})
+            return fn(**values, options=chosen)
+
+        entry.__signature__ = public
+        return entry
+
+    return decorate
+
+
 class Session:
     """Tools attached to one process (and its tree, with attach_children).
 
@@ -158,24 +220,14 @@ class Session:
     the tools themselves when this process exits.
     """
 
-    def __init__(
-        self,
-        pid: int,
-        attach_tool_library: Tools = None,
-        *,
-        attach_library: PathLike | None = None,
-        attach_children: bool = True,
-        env: Env = None,
-        lease: bool = True,
-        timeout_msec: int | None = None,
-        agent_path: PathLike | None = None,
-        forward_environment: bool = True,
-    ):
+    @_takes_attach_options()
+    def __init__(self, pid: int, attach_tool_library: Tools = None, *, options: _AttachOptions):
         self.pid = _pid(pid)
-        self._backend = _capi.load(attach_library)
+        self._backend = _capi.load(options.attach_library)
         self.library = self._backend.path
         self.tools = _tools(attach_tool_library, self._backend).split(":")
-        self.children = bool(attach_children)
+        self.children = bool(options.attach_children)
+        timeout_msec = options.timeout_msec
         if timeout_msec is not None and not (0 <= int(timeout_msec) < 2**32):
             raise _capi.invalid_argument(f"timeout_msec {timeout_msec} is out of range")
         self._detached = False
@@ -183,11 +235,11 @@ class Session:
             self._backend.attach(
                 self.pid,
                 ":".join(self.tools),
-                _env(env, forward_environment),
+                _env(options.env, options.forward_environment),
                 self.children,
-                bool(lease),
+                bool(options.lease),
                 None if timeout_msec is None else int(timeout_msec),
-                os.fspath(agent_path) if agent_path else None,
+                os.fspath(options.agent_path) if options.agent_path else None,
             )
         except RemoraError as e:
             if self.children:
@@ -235,18 +287,8 @@ class Session:
         return f"<remora.Session pid={self.pid} children={self.children} tools={':'.join(self.tools)!r} {state}>"
 
 
-def attached(
-    pid: int,
-    attach_tool_library: Tools = None,
-    *,
-    attach_library: PathLike | None = None,
-    attach_children: bool = True,
-    env: Env = None,
-    lease: bool = True,
-    timeout_msec: int | None = None,
-    agent_path: PathLike | None = None,
-    forward_environment: bool = True,
-) -> Session:
+@_takes_attach_options()
+def attached(pid: int, attach_tool_library: Tools = None, *, options: _AttachOptions) -> Session:
     """Attaches now and returns the Session; use it as a context manager to
     detach on leaving the block:
 
@@ -255,17 +297,7 @@ def attached(
 
     Arguments as for attach(). Raises RemoraError when the attach fails
     (nothing stays attached then)."""
-    return Session(
-        pid,
-        attach_tool_library,
-        attach_library=attach_library,
-        attach_children=attach_children,
-        env=env,
-        lease=lease,
-        timeout_msec=timeout_msec,
-        agent_path=agent_path,
-        forward_environment=forward_environment,
-    )
+    return Session(pid, attach_tool_library, **options.keywords())
 
 
 class _Stop:
@@ -350,18 +382,13 @@ def _wait(stop: _Stop, duration_msec: float | None) -> str:
                 return "enter"
 
 
+@_takes_attach_options(positional=("attach_library", "attach_children", "env"))
 def attach(
     pid: int,
     attach_tool_library: Tools = None,
     attach_duration_msec: float | None = None,
-    attach_library: PathLike | None = None,
-    attach_children: bool = True,
-    env: Env = None,
     *,
-    lease: bool = True,
-    timeout_msec: int | None = None,
-    agent_path: PathLike | None = None,
-    forward_environment: bool = True,
+    options: _AttachOptions,
     on_attached: Callable[[Session], None] | None = None,
 ) -> str:
     """Attaches tools to process `pid`, waits, then detaches them.
@@ -391,17 +418,7 @@ def attach(
     if attach_duration_msec is not None and not attach_duration_msec >= 0:
         raise _capi.invalid_argument(f"attach_duration_msec {attach_duration_msec} is negative")
     with _Stop() as stop:
-        with attached(
-            pid,
-            attach_tool_library,
-            attach_library=attach_library,
-            attach_children=attach_children,
-            env=env,
-            lease=lease,
-            timeout_msec=timeout_msec,
-            agent_path=agent_path,
-            forward_environment=forward_environment,
-        ) as session:
+        with attached(pid, attach_tool_library, **options.keywords()) as session:
             if on_attached is not None:
                 on_attached(session)
             return _wait(stop, attach_duration_msec)

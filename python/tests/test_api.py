@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
@@ -230,3 +231,57 @@ def test_rocattach_library(library, rocattach_library, hook_tool, hook_log, make
     assert e.value.api == "rocattach"
     assert e.value.name == "ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND"
     assert e.value.exit_code == 2
+
+
+# The three entry points take their options from one definition
+# (remora._AttachOptions); what a caller sees must be what each spelled out
+# before: names, order, kinds, defaults, annotations, docstrings.
+_OPTIONS = (
+    "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, "
+    "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
+    "forward_environment: 'bool' = True"
+)
+_SIGNATURES = {
+    "attach": "(pid: 'int', attach_tool_library: 'Tools' = None, attach_duration_msec: 'float | None' = None, "
+    "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, *, "
+    "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
+    "forward_environment: 'bool' = True, on_attached: 'Callable[[Session], None] | None' = None) -> 'str'",
+    "attached": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS}) -> 'Session'",
+    "Session": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS})",
+}
+
+
+def test_entry_points_keep_their_signatures_and_docstrings():
+    for name, want in _SIGNATURES.items():
+        entry = getattr(remora, name)
+        assert str(inspect.signature(entry)) == want, name
+        assert entry.__name__ == name and entry.__module__ == "remora"
+    assert remora.attach.__doc__.startswith("Attaches tools to process `pid`, waits, then detaches them.")
+    assert "attach_children: True = the whole process tree under pid." in remora.attach.__doc__
+    assert remora.attached.__doc__.startswith("Attaches now and returns the Session;")
+    assert remora.Session.__doc__.startswith("Tools attached to one process")
+
+
+def test_calls_that_do_not_fit_the_signature_raise_type_error():
+    # Refused while binding the arguments: no library is loaded, no process touched.
+    for call in (
+        lambda: remora.attached(1, "tool.so", bogus=1),
+        lambda: remora.attached(1, "tool.so", None),  # attach_library is keyword-only here
+        lambda: remora.Session(1, "tool.so", options=None),  # the internal parameter is not public
+        lambda: remora.attach(1, "tool.so", 0, None, True, None, True),  # lease is keyword-only
+        lambda: remora.attach(attach_tool_library="tool.so"),  # pid is required
+        lambda: remora.attach(1, "tool.so", 0, None, attach_library=None),  # attach_library twice
+    ):
+        with pytest.raises(TypeError):
+            call()
+
+
+def test_attach_takes_attach_library_and_attach_children_by_position(library, rocattach_library, hook_tool):
+    # attach(pid, tools, duration, attach_library, attach_children, env): the
+    # error comes from the rocattach library given by position, for the one
+    # process (children False).
+    pid = gone_pid()
+    with pytest.raises(remora.RemoraError) as e:
+        remora.attach(pid, hook_tool, 0, rocattach_library, False, {"REMORA_X": "1"})
+    assert e.value.api == "rocattach"
+    assert e.value.name == "ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND"

@@ -1,42 +1,32 @@
 #include "arch/aarch64.h"
 
-#include <cerrno>
-
 namespace remora::arch::aarch64 {
 
-bool never_restarted(long n) {
-  switch (n) {
-    case nr::kEpollPwait:
-    case nr::kEpollPwait2:
-    case nr::kRtSigtimedwait:
-    case nr::kSemop:
-    case nr::kSemtimedop:
-    case nr::kIoGetevents:
-    case nr::kIoPgetevents:
-    case nr::kMsgrcv: return true;
-    default: return false;
-  }
-}
+// The calls the restart rules single out (arch/syscall_restart.h), with
+// the numbers of include/uapi/asm-generic/unistd.h.
+constexpr SyscallName kNeverRestarted[] = {
+    {"epoll_pwait", nr::kEpollPwait},         {"epoll_pwait2", nr::kEpollPwait2},
+    {"rt_sigtimedwait", nr::kRtSigtimedwait}, {"semop", nr::kSemop},
+    {"semtimedop", nr::kSemtimedop},          {"io_getevents", nr::kIoGetevents},
+    {"io_pgetevents", nr::kIoPgetevents},     {"msgrcv", nr::kMsgrcv},
+};
+constexpr SyscallName kSwapsSignalMask[] = {
+    {"rt_sigsuspend", nr::kRtSigsuspend}, {"ppoll", nr::kPpoll},
+    {"pselect6", nr::kPselect6},          {"epoll_pwait", nr::kEpollPwait},
+    {"epoll_pwait2", nr::kEpollPwait2},   {"io_pgetevents", nr::kIoPgetevents},
+};
+constexpr RestartTable kRestartTable = {kNeverRestarted, kSwapsSignalMask};
 
-bool swaps_signal_mask(long n) {
-  switch (n) {
-    case nr::kRtSigsuspend:
-    case nr::kPpoll:
-    case nr::kPselect6:
-    case nr::kEpollPwait:
-    case nr::kEpollPwait2:
-    case nr::kIoPgetevents: return true;
-    default: return false;
-  }
-}
+const RestartTable& restart_table() { return kRestartTable; }
 
+bool never_restarted(long n) { return arch::never_restarted(kRestartTable, n); }
+
+bool swaps_signal_mask(long n) { return arch::swaps_signal_mask(kRestartTable, n); }
+
+// The kernel has already rewound the PC and put orig_x0 back (aarch64.h), so
+// the interrupted number comes from the caller, not from the registers.
 RestartKind classify_restart(long interrupted_nr, int64_t ret, bool signal_pending) {
-  if (interrupted_nr < 0) return RestartKind::kNone;
-  if (ret == kERestartRestartBlock) return RestartKind::kRestartBlock;
-  if (is_restart_code(ret)) return RestartKind::kRestart;
-  if (ret == -EINTR && never_restarted(interrupted_nr) && !signal_pending)
-    return RestartKind::kReissueOnEintr;
-  return RestartKind::kNone;
+  return arch::classify_restart(kRestartTable, interrupted_nr, ret, signal_pending);
 }
 
 std::array<uint32_t, Stub::kSize / 4> stub_code() {

@@ -32,6 +32,11 @@ inline constexpr uint64_t kRedZone = 0;  // AAPCS64 has no red zone
 inline constexpr uint64_t kStackAlign = 16;
 inline constexpr uint64_t kSyscallInsnLen = 4;  // svc #0
 
+// This architecture's system calls that the restart rules single out (the
+// rules: arch/syscall_restart.h), with the generic table's numbers. The same
+// calls as x86_64's, less those the generic table lacks (epoll_wait: libc
+// issues epoll_pwait). A static table.
+const RestartTable& restart_table();
 bool never_restarted(long nr);
 bool swaps_signal_mask(long nr);
 

@@ -2,6 +2,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <set>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "arch/aarch64.h"
@@ -160,12 +164,131 @@ TEST(Aarch64, Encodings) {
 }
 
 TEST(Aarch64, Restart) {
-  using aarch64::classify_restart;
-  EXPECT_EQ(classify_restart(aarch64::nr::kRead, kERestartSys, false), RestartKind::kRestart);
-  EXPECT_EQ(classify_restart(aarch64::nr::kEpollPwait, -EINTR, false), RestartKind::kReissueOnEintr);
-  EXPECT_EQ(classify_restart(aarch64::nr::kEpollPwait, -EINTR, true), RestartKind::kNone);
-  EXPECT_EQ(classify_restart(-1, kERestartSys, false), RestartKind::kNone);
+  namespace a = aarch64;
+  struct Case {
+    long nr;
+    int64_t ret;
+    bool pending;
+    RestartKind want;
+  } cases[] = {
+      {a::nr::kRead, kERestartSys, false, RestartKind::kRestart},
+      {a::nr::kFutex, kERestartRestartBlock, false, RestartKind::kRestartBlock},
+      {a::nr::kClockNanosleep, kERestartRestartBlock, false, RestartKind::kRestartBlock},
+      {a::nr::kPpoll, kERestartNoHand, false, RestartKind::kRestart},
+      {a::nr::kEpollPwait, -EINTR, false, RestartKind::kReissueOnEintr},
+      {a::nr::kEpollPwait2, -EINTR, false, RestartKind::kReissueOnEintr},
+      {a::nr::kEpollPwait, -EINTR, true, RestartKind::kNone},  // a real signal: keep EINTR
+      {a::nr::kRead, -EINTR, false, RestartKind::kNone},       // read's EINTR is always genuine
+      {a::nr::kRead, 5, false, RestartKind::kNone},            // completed
+      {-1, kERestartSys, false, RestartKind::kNone},           // not in a syscall
+  };
+  for (const auto& c : cases)
+    EXPECT_EQ(a::classify_restart(c.nr, c.ret, c.pending), c.want) << c.nr << " " << c.ret;
+  EXPECT_TRUE(a::swaps_signal_mask(a::nr::kPpoll));
+  EXPECT_FALSE(a::swaps_signal_mask(a::nr::kRead));
   EXPECT_EQ(aarch64::kRedZone, 0u);
+}
+
+// Every call the restart rules are about, with its number in each kernel's
+// table (arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/
+// unistd.h), spelled out here rather than taken from nr:: so that a wrong
+// constant, or a table entry whose name and number disagree, shows up.
+constexpr long kAbsent = -1;  // the architecture has no such call
+struct RestartCall {
+  std::string_view name;
+  long x86_64_nr;
+  long aarch64_nr;
+  bool never_restarted;
+  bool swaps_signal_mask;
+};
+constexpr RestartCall kRestartCalls[] = {
+    {"epoll_wait", 232, kAbsent, true, false},  // aarch64 has epoll_pwait only
+    {"epoll_pwait", 281, 22, true, true},
+    {"epoll_pwait2", 441, 441, true, true},
+    {"rt_sigtimedwait", 128, 137, true, false},
+    {"semop", 65, 193, true, false},
+    {"semtimedop", 220, 192, true, false},
+    {"io_getevents", 208, 4, true, false},
+    {"io_pgetevents", 333, 292, true, true},
+    {"msgrcv", 70, 188, true, false},
+    {"rt_sigsuspend", 130, 133, false, true},
+    {"ppoll", 271, 73, false, true},
+    {"pselect6", 270, 72, false, true},
+    // In neither list: the kernel restarts them through -ERESTARTNOHAND (or
+    // restart_syscall). None exists on aarch64, where libc issues pselect6
+    // for select and ppoll for pause and poll.
+    {"select", 23, kAbsent, false, false},
+    {"pause", 34, kAbsent, false, false},
+    {"poll", 7, kAbsent, false, false},
+};
+
+using NameToNr = std::map<std::string_view, long>;
+
+// The list as a map, failing the test on a name listed twice.
+NameToNr by_name(std::span<const SyscallName> list, std::string_view what) {
+  NameToNr out;
+  for (const auto& c : list)
+    EXPECT_TRUE(out.emplace(c.name, c.nr).second) << what << " lists " << c.name << " twice";
+  return out;
+}
+
+// What the table of the architecture whose number `nr_of` picks should list.
+template <typename Pick, typename Member>
+NameToNr expected(Pick nr_of, Member in_list) {
+  NameToNr out;
+  for (const auto& c : kRestartCalls)
+    if (c.*in_list && nr_of(c) != kAbsent) out.emplace(c.name, nr_of(c));
+  return out;
+}
+
+TEST(RestartTables, BothArchitecturesNameTheSameCalls) {
+  const RestartTable& x86 = x::restart_table();
+  const RestartTable& arm = aarch64::restart_table();
+  auto x86_nr = [](const RestartCall& c) { return c.x86_64_nr; };
+  auto arm_nr = [](const RestartCall& c) { return c.aarch64_nr; };
+  // Each table, names and numbers, is the calls above.
+  EXPECT_EQ(by_name(x86.never_restarted, "x86_64 never_restarted"),
+            expected(x86_nr, &RestartCall::never_restarted));
+  EXPECT_EQ(by_name(x86.swaps_signal_mask, "x86_64 swaps_signal_mask"),
+            expected(x86_nr, &RestartCall::swaps_signal_mask));
+  EXPECT_EQ(by_name(arm.never_restarted, "aarch64 never_restarted"),
+            expected(arm_nr, &RestartCall::never_restarted));
+  EXPECT_EQ(by_name(arm.swaps_signal_mask, "aarch64 swaps_signal_mask"),
+            expected(arm_nr, &RestartCall::swaps_signal_mask));
+
+  // And the two tables name the same calls, apart from those aarch64 lacks.
+  std::set<std::string_view> absent_on_arm;
+  for (const auto& c : kRestartCalls)
+    if (c.aarch64_nr == kAbsent) absent_on_arm.insert(c.name);
+  auto names = [](std::span<const SyscallName> list, const std::set<std::string_view>& drop) {
+    std::set<std::string_view> out;
+    for (const auto& c : list)
+      if (!drop.contains(c.name)) out.insert(c.name);
+    return out;
+  };
+  EXPECT_EQ(names(x86.never_restarted, absent_on_arm), names(arm.never_restarted, {}));
+  EXPECT_EQ(names(x86.swaps_signal_mask, absent_on_arm), names(arm.swaps_signal_mask, {}));
+  for (const auto& c : arm.never_restarted) EXPECT_FALSE(absent_on_arm.contains(c.name)) << c.name;
+}
+
+// The public per-number functions answer from those tables, and the calls
+// in neither list are left to the kernel's own restart.
+TEST(RestartTables, FunctionsFollowTheTables) {
+  for (const auto& c : kRestartCalls) {
+    EXPECT_EQ(x::never_restarted(c.x86_64_nr), c.never_restarted) << c.name;
+    EXPECT_EQ(x::swaps_signal_mask(c.x86_64_nr), c.swaps_signal_mask) << c.name;
+    auto eintr = c.never_restarted ? RestartKind::kReissueOnEintr : RestartKind::kNone;
+    EXPECT_EQ(x::classify_restart(in_syscall(c.x86_64_nr, -EINTR), false), eintr) << c.name;
+    EXPECT_EQ(x::classify_restart(in_syscall(c.x86_64_nr, kERestartNoHand), false), RestartKind::kRestart)
+        << c.name;
+    if (c.aarch64_nr == kAbsent) continue;
+    EXPECT_EQ(aarch64::never_restarted(c.aarch64_nr), c.never_restarted) << c.name;
+    EXPECT_EQ(aarch64::swaps_signal_mask(c.aarch64_nr), c.swaps_signal_mask) << c.name;
+    EXPECT_EQ(aarch64::classify_restart(c.aarch64_nr, -EINTR, false), eintr) << c.name;
+  }
+  // No number means no system call: in no list, whatever a table holds.
+  EXPECT_FALSE(x::never_restarted(-1));
+  EXPECT_FALSE(aarch64::swaps_signal_mask(-1));
 }
 
 #if defined(__x86_64__)

@@ -1,47 +1,39 @@
 #include "arch/x86_64.h"
 
-#include <cerrno>
 #include <cstring>
 
 namespace remora::arch::x86_64 {
 
-bool never_restarted(long n) {
-  switch (n) {
-    case nr::kEpollWait:
-    case nr::kEpollPwait:
-    case nr::kEpollPwait2:
-    case nr::kRtSigtimedwait:
-    case nr::kSemop:
-    case nr::kSemtimedop:
-    case nr::kIoGetevents:
-    case nr::kIoPgetevents:
-    case nr::kMsgrcv: return true;
-    default: return false;
-  }
-}
+// The calls the restart rules single out (arch/syscall_restart.h), with
+// the numbers of arch/x86/entry/syscalls/syscall_64.tbl. arch_test checks that
+// aarch64's table names the same calls, less those aarch64 lacks.
+constexpr SyscallName kNeverRestarted[] = {
+    {"epoll_wait", nr::kEpollWait},
+    {"epoll_pwait", nr::kEpollPwait},
+    {"epoll_pwait2", nr::kEpollPwait2},
+    {"rt_sigtimedwait", nr::kRtSigtimedwait},
+    {"semop", nr::kSemop},
+    {"semtimedop", nr::kSemtimedop},
+    {"io_getevents", nr::kIoGetevents},
+    {"io_pgetevents", nr::kIoPgetevents},
+    {"msgrcv", nr::kMsgrcv},
+};
+constexpr SyscallName kSwapsSignalMask[] = {
+    {"rt_sigsuspend", nr::kRtSigsuspend}, {"ppoll", nr::kPpoll},
+    {"pselect6", nr::kPselect6},          {"epoll_pwait", nr::kEpollPwait},
+    {"epoll_pwait2", nr::kEpollPwait2},   {"io_pgetevents", nr::kIoPgetevents},
+};
+constexpr RestartTable kRestartTable = {kNeverRestarted, kSwapsSignalMask};
 
-bool swaps_signal_mask(long n) {
-  switch (n) {
-    case nr::kRtSigsuspend:
-    case nr::kPpoll:
-    case nr::kPselect6:
-    case nr::kEpollPwait:
-    case nr::kEpollPwait2:
-    case nr::kIoPgetevents: return true;
-    default: return false;
-  }
-}
+const RestartTable& restart_table() { return kRestartTable; }
+
+bool never_restarted(long n) { return arch::never_restarted(kRestartTable, n); }
+
+bool swaps_signal_mask(long n) { return arch::swaps_signal_mask(kRestartTable, n); }
 
 RestartKind classify_restart(const Regs& r, bool signal_pending) {
-  auto orig = static_cast<int64_t>(r.orig_rax);
-  if (orig < 0) return RestartKind::kNone;  // stopped outside a system call
-  auto ret = static_cast<int64_t>(r.rax);
-  if (ret == kERestartRestartBlock) return RestartKind::kRestartBlock;
-  if (is_restart_code(ret)) return RestartKind::kRestart;
-  // epoll_wait and friends return -EINTR after any stop. If no signal is
-  // pending, the stop that caused it was ours: re-issue the call.
-  if (ret == -EINTR && never_restarted(orig) && !signal_pending) return RestartKind::kReissueOnEintr;
-  return RestartKind::kNone;
+  return arch::classify_restart(kRestartTable, static_cast<long>(r.orig_rax), static_cast<int64_t>(r.rax),
+                                signal_pending);
 }
 
 Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall) {

@@ -37,19 +37,19 @@ inline constexpr uint64_t kRedZone = 128;       // System V ABI 3.2.2
 inline constexpr uint64_t kStackAlign = 16;     // rsp % 16 == 0 before `call`
 inline constexpr uint64_t kSyscallInsnLen = 2;  // 0f 05
 
-// Calls the kernel never restarts after a stop and that return -EINTR even
-// when no signal was delivered (measured: epoll_wait returns EINTR after a
-// bare seize+interrupt+detach). See signal(7), "Interruption of system calls".
+// This architecture's system calls that the restart rules single out (the
+// rules and what each list means: arch/syscall_restart.h). A static table.
+const RestartTable& restart_table();
+// Whether restart_table() lists `nr` as never restarted after a stop (such a
+// call returns -EINTR even when no signal was delivered), or as swapping the
+// signal mask for its duration.
 bool never_restarted(long nr);
-// Calls that install a temporary signal mask for their duration and leave the
-// saved mask to be restored by the kernel on return (TIF_RESTORE_SIGMASK).
-// Setting the mask with PTRACE_SETSIGMASK while one is in flight would lose
-// the saved mask, so Remora blocks signals from inside the stub instead.
 bool swaps_signal_mask(long nr);
 
 // Classifies how the thread whose registers are `r` (at a ptrace stop) must be
-// resumed. `signal_pending` says whether an unblocked signal is pending for it
-// (then an -EINTR is genuine and must be kept).
+// resumed: the interrupted call is orig_rax, its return value rax.
+// `signal_pending` says whether an unblocked signal is pending for it (then an
+// -EINTR is genuine and must be kept).
 RestartKind classify_restart(const Regs& r, bool signal_pending);
 
 // The registers the thread must resume with so that the interrupted call

@@ -70,7 +70,14 @@ bool write_stats_csv(const Profile& p, FILE* out);
 bool write_summary(const Profile& p, const std::string& dir, FILE* out);
 
 // Helpers, exposed for the tests.
-std::string json_escape(const std::string& s);  // without the quotes; invalid UTF-8 becomes U+FFFD
+// The escapes take arbitrary bytes and return valid UTF-8: each ill-formed
+// sequence (by RFC 3629's strict rules) becomes one U+FFFD, per maximal
+// subpart as Python's and browsers' decoders replace them. json_escape's
+// result goes between the quotes of a JSON string. xml_escape's result is
+// text or an attribute value (either quote) of an XML 1.0 document: markup
+// and tab/LF/CR become references, and the characters XML 1.0 forbids
+// (other C0 controls, U+FFFE, U+FFFF) become U+FFFD.
+std::string json_escape(const std::string& s);
 std::string xml_escape(const std::string& s);
 std::string csv_field(const std::string& s);  // quoted when needed (RFC 4180)
 // "frame;frame;frame" -> count, merged over threads unless fold_threads.

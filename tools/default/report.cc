@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "profile.h"
@@ -15,33 +16,78 @@ namespace remora_tool {
 
 namespace {
 
-// Length of the valid UTF-8 sequence at s[i], or 0.
-size_t utf8_len(const std::string& s, size_t i) {
-  unsigned char c = static_cast<unsigned char>(s[i]);
-  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 0;
-  if (n == 2 && c < 0xc2) return 0;  // overlong
-  return n;
+// One step of the UTF-8 walk shared by the escapes and valid_utf8: the code
+// point at the start of `s`, or an ill-formed sequence to be replaced by one
+// U+FFFD. Thread and function names are arbitrary bytes.
+struct Utf8Step {
+  char32_t code_point;  // meaningful only when `valid`
+  size_t len;           // bytes consumed, >= 1
+  bool valid;
+};
+
+// Decodes as strict decoders do (RFC 3629; Unicode 15, table 3-7): no
+// overlong forms (C0, C1, E0 80-9F, F0 80-8F), no surrogates (ED A0-BF),
+// nothing above U+10FFFF (F4 90-BF, F5-FF), no truncated sequence and no
+// stray continuation byte. An ill-formed sequence consumes its maximal
+// subpart (Unicode 15, 3.9 "U+FFFD Substitution of Maximal Subparts"): the
+// longest prefix of a well-formed sequence, or else the one byte. That is
+// what Python's and browsers' decoders do, so a replaced name reads the
+// same in every viewer. `s` must not be empty.
+Utf8Step next_code_point(std::string_view s) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return {lead, 1, true};
+  size_t need;
+  char32_t cp;
+  unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    need = 2, cp = lead & 0x1f;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    need = 3, cp = lead & 0x0f;
+    if (lead == 0xe0) lo = 0xa0;  // overlong below U+0800
+    if (lead == 0xed) hi = 0x9f;  // U+D800-DFFF, the surrogates
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    need = 4, cp = lead & 0x07;
+    if (lead == 0xf0) lo = 0x90;  // overlong below U+10000
+    if (lead == 0xf4) hi = 0x8f;  // above U+10FFFF
+  } else {
+    return {0, 1, false};  // a continuation byte, C0, C1 or F5-FF: never a lead
+  }
+  size_t k = 1;
+  for (; k < need && k < s.size(); ++k, lo = 0x80, hi = 0xbf) {
+    if (byte(k) < lo || byte(k) > hi) break;
+    cp = (cp << 6) | (byte(k) & 0x3f);
+  }
+  if (k < need) return {0, k, false};
+  return {cp, need, true};
 }
 
-// Replaces invalid UTF-8 (thread names are arbitrary bytes) so that JSON
-// and XML parsers accept the output.
-std::string valid_utf8(const std::string& s) {
+constexpr std::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
+
+// Runs `emit(out, step, bytes)` for each code point or ill-formed sequence
+// of `raw`, in order, and returns `out`: what the calls appended.
+template <typename Emit>
+std::string escape_utf8(const std::string& raw, Emit emit) {
   std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    size_t n = utf8_len(s, i);
-    if (n == 0) {
-      out += "\xef\xbf\xbd";
-      ++i;
-    } else {
-      out.append(s, i, n);
-      i += n;
-    }
+  out.reserve(raw.size() + 8);
+  std::string_view rest = raw;
+  while (!rest.empty()) {
+    Utf8Step step = next_code_point(rest);
+    emit(out, step, rest.substr(0, step.len));
+    rest.remove_prefix(step.len);
   }
   return out;
+}
+
+// `raw` with each ill-formed sequence replaced, for the plain-text outputs
+// (folded.txt, the summary) that viewers and the CLI read as UTF-8.
+std::string valid_utf8(const std::string& raw) {
+  return escape_utf8(raw, [](std::string& out, const Utf8Step& step, std::string_view bytes) {
+    if (step.valid)
+      out += bytes;
+    else
+      out += kReplacement;
+  });
 }
 
 std::string thread_label(const Profile& p, int32_t tid) {
@@ -102,51 +148,57 @@ std::vector<SymbolCounts> symbol_counts(const Profile& p) {
 }  // namespace
 
 std::string json_escape(const std::string& raw) {
-  std::string s = valid_utf8(raw);
-  std::string out;
-  out.reserve(s.size() + 8);
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
+  return escape_utf8(raw, [](std::string& out, const Utf8Step& step, std::string_view bytes) {
+    if (!step.valid) {
+      out += kReplacement;
+      return;
+    }
+    switch (step.code_point) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
       case '\n': out += "\\n"; break;
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (c < 0x20) {
+        if (step.code_point < 0x20) {  // RFC 8259: control characters must be escaped
           char buf[8];
-          snprintf(buf, sizeof buf, "\\u%04x", c);
+          snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(step.code_point));
           out += buf;
         } else {
-          out += ch;
+          out += bytes;
         }
     }
-  }
-  return out;
+  });
 }
 
 std::string xml_escape(const std::string& raw) {
-  std::string s = valid_utf8(raw);
-  std::string out;
-  out.reserve(s.size() + 8);
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
+  return escape_utf8(raw, [](std::string& out, const Utf8Step& step, std::string_view bytes) {
+    if (!step.valid) {
+      out += kReplacement;
+      return;
+    }
+    switch (step.code_point) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
       case '\'': out += "&apos;"; break;
+      // Allowed, but a parser turns a literal one into a space in an
+      // attribute (XML 1.0, 3.3.3) and a CR into LF anywhere (2.11):
+      // references keep the name as it was.
+      case '\t': out += "&#9;"; break;
+      case '\n': out += "&#10;"; break;
+      case '\r': out += "&#13;"; break;
       default:
-        // XML 1.0 allows no control characters but tab, newline, return.
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
-          out += '?';
+        // XML 1.0's Char (2.2) excludes the other C0 controls, U+FFFE and
+        // U+FFFF, even as references; strict decoding already excludes the
+        // surrogates. What a document cannot hold becomes U+FFFD.
+        if (step.code_point < 0x20 || step.code_point == 0xfffe || step.code_point == 0xffff)
+          out += kReplacement;
         else
-          out += ch;
+          out += bytes;
     }
-  }
-  return out;
+  });
 }
 
 std::string csv_field(const std::string& s) {
