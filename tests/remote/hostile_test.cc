@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/user.h>
@@ -197,6 +198,16 @@ void calls_on_every_thread(Target& t, const std::map<std::string, pid_t>& tids, 
   auto fn = t.find_symbol("", "remora_probe");
   ASSERT_TRUE(fn.ok()) << describe(fn.error());
   for (const auto& [role, tid] : tids) {
+    // The target's spinning threads run at nice 19 so that they leave the
+    // CPU to the test (target_common.h, spin_politely); on a loaded 2-core
+    // machine a spinning thread waits for a time slice at each of a call's
+    // two stops (measured: 18 ms a call at nice 0 beside two busy loops).
+    // The thread being called runs at nice 0 meanwhile, as a service's
+    // threads do; the others stay polite.
+    constexpr int kNoNice = 100;
+    errno = 0;
+    int old_nice = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+    if (errno != 0 || setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 0) != 0) old_nice = kNoNice;
     const auto t0 = Clock::now();
     int failures = 0, mismatches = 0;
     for (int i = 0; i < n && failures < 3; ++i) {
@@ -224,10 +235,12 @@ void calls_on_every_thread(Target& t, const std::map<std::string, pid_t>& tids, 
       if (r->value != probe_expected(i, static_cast<int64_t>(tid)) || r->tid != tid) ++mismatches;
     }
     EXPECT_EQ(mismatches, 0) << role;
+    if (old_nice != kNoNice) setpriority(PRIO_PROCESS, static_cast<id_t>(tid), old_nice);
     printf("  %-10s %d calls in %lld ms, %d mismatches\n", role.c_str(), n,
            static_cast<long long>(
                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()),
            mismatches);
+    fflush(stdout);  // progress stays visible if the watchdog fires
   }
 }
 
@@ -243,6 +256,11 @@ void expect_clean(const Report& r, const Counts& c, bool check_maps = true) {
 
 class Hostile : public IntegrationTest {
  protected:
+  // Simd makes 1000 calls on each of a dozen threads, half of them spinning:
+  // about 5 s on an idle 2-core machine; 70-100 s measured with two busy
+  // loops and two builds beside it (a spinning thread waits for a time slice
+  // at each of a call's two stops).
+  long watchdog_seconds() const override { return 180; }
   // The common flow for targets that need nothing special.
   void run_simd();
   void run_plain(const std::string& program) {
@@ -287,6 +305,7 @@ void Hostile::run_simd() {
   target.snapshot();
   const std::string features = target.command("features");
   printf("  register files: %s\n", features.c_str());
+  fflush(stdout);
   auto has = [&](const char* f) {
     std::istringstream in(features);
     for (std::string w; in >> w;)
