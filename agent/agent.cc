@@ -79,6 +79,8 @@ pthread_t g_lease_thread;
 bool g_lease_running = false;
 bool g_lease_stopping = false;  // a disarm is joining the watcher
 
+bool start_thread(pthread_t* thread, void* (*fn)(void*));
+
 void set_message(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void set_message(const char* fmt, ...) {
   va_list ap;
@@ -362,6 +364,31 @@ void* lease_main(void*) {
   return nullptr;
 }
 
+// Is the armed lease's controller still there? Its write end closed shows
+// as POLLHUP at once, before the watcher (which needs g_lock) has acted.
+bool lease_live_locked() {
+  if (!g_lease_running) return false;
+  pollfd p = {g_lease_fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 0;
+}
+
+// Arms a lease on `read_fd` (owned from here on: closed on failure).
+int arm_lease_locked(int32_t read_fd, int32_t controller_pid) {
+  g_lease_fd = read_fd;
+  g_lease_wake = eventfd(0, EFD_CLOEXEC);
+  if (g_lease_wake < 0 || !start_thread(&g_lease_thread, lease_main)) {
+    set_message("cannot start the lease watcher (out of threads or descriptors?)");
+    if (g_lease_wake >= 0) close(g_lease_wake);
+    close(g_lease_fd);
+    g_lease_fd = g_lease_wake = -1;
+    return REMORA_AGENT_ERR_LEASE;
+  }
+  g_lease_running = true;
+  remora_agent_info.lease_pid = controller_pid;
+  remora_agent_info.lease_expired = 0;
+  return REMORA_AGENT_OK;
+}
+
 // ---- listener ----
 
 void* listener_main(void*) {
@@ -409,7 +436,8 @@ void after_fork_child() {
 __attribute__((constructor)) void agent_init() {
   remora_agent_info.size = sizeof remora_agent_info;
   remora_agent_info.version = REMORA_AGENT_PROTOCOL_VERSION;
-  remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER;
+  remora_agent_info.features =
+      REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER | REMORA_AGENT_FEATURE_LEASED_ATTACH;
   pthread_atfork(nullptr, nullptr, after_fork_child);
   start_listener();
   __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
@@ -417,8 +445,10 @@ __attribute__((constructor)) void agent_init() {
 
 }  // namespace
 
-REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
-  pthread_mutex_lock(&g_lock);
+namespace {
+
+// The attach proper, under g_lock: refusals, environment, tools.
+int attach_locked(const void* env_buffer, const char* tool_list) {
   int rc = REMORA_AGENT_OK;
   SavedEnv saved[kMaxEnv];
   int saved_count = 0;
@@ -427,8 +457,19 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
         "this process refuses tool attachment (its environment sets REMORA_TOOL_ATTACH=0 or "
         "ROCP_TOOL_ATTACH=0)");
     rc = REMORA_AGENT_ERR_REFUSED;
+  } else if (remora_agent_info.attached && lease_live_locked()) {
+    // Another controller's live session: named, and no detach suggested
+    // (it would break that session).
+    set_message("attached by remora pid %d, lease live (tools %s): another session holds this process",
+                remora_agent_info.lease_pid, remora_agent_info.tools);
+    rc = REMORA_AGENT_ERR_ALREADY_ATTACHED;
   } else if (remora_agent_info.attached) {
-    set_message("tools are already attached (%s); detach first", remora_agent_info.tools);
+    // No lease: remora attach --keep or the C API attached them, and only a
+    // detach ends that session.
+    set_message(
+        "tools are already attached (%s) with no lease (remora attach --keep or the C API): detach them "
+        "first (remora detach)",
+        remora_agent_info.tools);
     rc = REMORA_AGENT_ERR_ALREADY_ATTACHED;
   } else if (g_loaded && tool_list && tool_list[0] && !same_list(tool_list)) {
     set_message("a re-attach must name the loaded tools; loaded: %s; requested: %.1024s",
@@ -454,7 +495,14 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
   }
   if (rc != REMORA_AGENT_OK) rollback_env(saved, saved_count);
   free_saved(saved, saved_count);
-  rc = finish(rc);
+  return rc;
+}
+
+}  // namespace
+
+REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
+  pthread_mutex_lock(&g_lock);
+  int rc = finish(attach_locked(env_buffer, tool_list));
   pthread_mutex_unlock(&g_lock);
   return rc;
 }
@@ -466,6 +514,47 @@ REMORA_EXPORT int remora_agent_attach_unmap(const void* env_buffer, const char* 
                                             size_t size) {
   if (scratch != nullptr && size != 0) munmap(scratch, size);
   return remora_agent_attach(env_buffer, tool_list);
+}
+
+// The attach with its lease (protocol 2). The lease is armed before any
+// tool runs: a controller killed at any instant from here on leaves a lease
+// whose EOF detaches whatever this call attached (the watcher waits for
+// g_lock, so it acts once this call is done). Entry points all run on the
+// one listener thread, so two controllers' calls never overlap; the lock
+// orders them against the watcher and exit.
+REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char* tool_list, void* scratch,
+                                             size_t size, int32_t lease_fd, int32_t controller_pid) {
+  if (scratch != nullptr && size != 0) munmap(scratch, size);
+  pthread_mutex_lock(&g_lock);
+  int rc = REMORA_AGENT_OK;
+  if (remora_agent_info.attached && lease_live_locked()) {
+    // Compare-and-set: the live owner keeps its session and its lease
+    // (attach_locked refuses, naming it).
+    close(lease_fd);
+    rc = attach_locked(env_buffer, tool_list);
+  } else {
+    if (remora_agent_info.attached && g_lease_running) {
+      // Its controller is gone and the watcher has not run yet: expire the
+      // lease now, as the watcher would have.
+      stop_lease_locked();
+      detach_all_locked();
+      remora_agent_info.lease_expired = 1;
+    }
+    if (remora_agent_info.attached) {
+      close(lease_fd);  // attached with no lease: attach_locked says why it refuses
+      rc = attach_locked(env_buffer, tool_list);
+    } else {
+      stop_lease_locked();  // none is armed while detached; be sure
+      rc = arm_lease_locked(lease_fd, controller_pid);
+      if (rc == REMORA_AGENT_OK) {
+        rc = attach_locked(env_buffer, tool_list);
+        if (rc != REMORA_AGENT_OK) stop_lease_locked();  // nothing attached: nothing to lease
+      }
+    }
+  }
+  rc = finish(rc);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {
@@ -489,22 +578,15 @@ REMORA_EXPORT int remora_agent_detach(void) {
 // they flush their data. Takes ownership of read_fd. -1 disarms.
 REMORA_EXPORT int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid) {
   pthread_mutex_lock(&g_lock);
-  stop_lease_locked();
   int rc = REMORA_AGENT_OK;
-  if (read_fd >= 0) {
-    g_lease_fd = read_fd;
-    g_lease_wake = eventfd(0, EFD_CLOEXEC);
-    if (g_lease_wake < 0 || !start_thread(&g_lease_thread, lease_main)) {
-      set_message("cannot start the lease watcher");
-      if (g_lease_wake >= 0) close(g_lease_wake);
-      close(g_lease_fd);
-      g_lease_fd = g_lease_wake = -1;
-      rc = REMORA_AGENT_ERR_LEASE;
-    } else {
-      g_lease_running = true;
-      remora_agent_info.lease_pid = controller_pid;
-      remora_agent_info.lease_expired = 0;
-    }
+  if (read_fd >= 0 && lease_live_locked() && remora_agent_info.lease_pid != controller_pid) {
+    // Another live controller's lease is not ours to replace.
+    set_message("attached by remora pid %d, lease live: its lease stays", remora_agent_info.lease_pid);
+    close(read_fd);
+    rc = REMORA_AGENT_ERR_LEASE;
+  } else {
+    stop_lease_locked();
+    if (read_fd >= 0) rc = arm_lease_locked(read_fd, controller_pid);
   }
   rc = finish(rc);
   pthread_mutex_unlock(&g_lock);

@@ -12,7 +12,10 @@
 #include <stdint.h>
 
 #define REMORA_AGENT_MAGIC 0x52454d4f52414147ull /* "REMORAAG" */
-#define REMORA_AGENT_PROTOCOL_VERSION 1u
+/* 2: remora_agent_attach_leased (REMORA_AGENT_FEATURE_LEASED_ATTACH). The
+ * info block's layout is unchanged: a controller of version 1 reads it as
+ * before and keeps its old order (attach, then set_lease). */
+#define REMORA_AGENT_PROTOCOL_VERSION 2u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -24,6 +27,10 @@
 /* Feature bits in remora_agent_info.features. */
 #define REMORA_AGENT_FEATURE_LEASE 0x1u
 #define REMORA_AGENT_FEATURE_FORK_LISTENER 0x2u
+/* remora_agent_attach_leased: the lease is armed by the attach call itself,
+ * before any tool runs. A controller that finds the bit clear falls back to
+ * remora_agent_attach_unmap (or _attach) followed by remora_agent_set_lease. */
+#define REMORA_AGENT_FEATURE_LEASED_ATTACH 0x4u
 
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
@@ -68,10 +75,23 @@ struct remora_agent_info {
  *     The same, after removing [scratch, scratch + size): the controller's
  *     own mapping that loaded the agent, which no thread runs in any more.
  *     Used for the first attach; an agent without it gets a munmap call.
+ * int remora_agent_attach_leased(const void* env_buffer, const char* tool_list,
+ *                                void* scratch, size_t size,
+ *                                int32_t lease_fd, int32_t controller_pid);
+ *     The same as _attach_unmap (scratch may be NULL), with the lease armed
+ *     first, under the agent's lock: the controller is recorded before any
+ *     tool runs, so a controller killed at any instant of the call leaves a
+ *     lease whose EOF detaches whatever the call attached. Compare-and-set:
+ *     while another controller's lease is live and its tools attached, the
+ *     call refuses (ALREADY_ATTACHED) and that lease stays as it was; a
+ *     lease found dead (EOF already) is expired on the spot and the attach
+ *     goes on. The agent owns lease_fd from the call on, whatever it
+ *     returns (it closes it when the attach fails or is refused).
  * int remora_agent_detach(void);
  * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
  *     read_fd: read end of a pipe whose only write end the controller holds
- *     (-1 disarms); controller_pid is informational.
+ *     (-1 disarms); controller_pid is informational. Refuses (ERR_LEASE,
+ *     closing read_fd) while another live lease is armed.
  */
 
 #endif /* REMORA_AGENT_PROTOCOL_H_ */

@@ -5,6 +5,7 @@
 // conversation with the user.
 #include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,7 +66,20 @@ struct Attached {
   std::string comm;
   UniqueFd pidfd;
   bool exited = false;
+  // Ended during the session for its own reasons: how (a wait status), if
+  // the kernel still says.
+  bool ended_in_session = false;
+  std::optional<int> status;
 };
+
+// "killed by SIGSEGV (signal 11, core dumped): its tools could not write
+// their data", or "exited with status 0; its tools were finalised at exit".
+std::string describe_end(const Attached& p) {
+  if (!p.status) return "exited (how, the kernel no longer says: its parent reaped it first)";
+  std::string how = describe_exit_status(*p.status);
+  if (WIFSIGNALED(*p.status)) return how + ": its tools could not finalise or write their data";
+  return how + "; its tools were finalised at exit";
+}
 
 enum class StopReason { kDuration, kSignal, kEnter, kAllExited };
 
@@ -142,9 +157,11 @@ class Waiter {
         if (!fds[at + k].revents) continue;
         Attached& p = procs_[which[k]];
         p.exited = true;
+        p.ended_in_session = true;
+        p.status = exit_status(p.pid, p.pidfd.get());
         clear_line();
-        std::printf("  process %d (%s) exited; its tools were finalised at exit\n", static_cast<int>(p.pid),
-                    p.comm.c_str());
+        std::printf("  process %d (%s) %s\n", static_cast<int>(p.pid), p.comm.c_str(),
+                    describe_end(p).c_str());
         std::fflush(stdout);
         shown_ = false;
       }
@@ -323,6 +340,26 @@ int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vect
   return exit_code;
 }
 
+// A session whose target ended under it did not do what was asked: exit 7
+// when the process named by -p ended, or any attached one was killed by a
+// signal (children of a tree that exit normally come and go: no failure).
+int ended_session_exit_code(const AttachCommandOptions& o, const std::vector<Attached>& procs,
+                            int exit_code) {
+  const Attached* ended = nullptr;
+  for (const auto& p : procs) {
+    if (!p.ended_in_session) continue;
+    bool signalled = p.status && WIFSIGNALED(*p.status);
+    if (p.pid == o.pid || signalled) {
+      ended = &p;
+      if (signalled) break;  // the most telling one
+    }
+  }
+  if (!ended) return exit_code;
+  print_error("during the session, process " + std::to_string(ended->pid) + " (" + ended->comm + ") " +
+              describe_end(*ended));
+  return to_int(ExitCode::kTargetExited);
+}
+
 int run_attach(const AttachCommandOptions& o) {
   auto env = parse_env_list(o.env);
   if (!env) return fail(env.error());
@@ -352,6 +389,8 @@ int run_attach(const AttachCommandOptions& o) {
               static_cast<int>(o.pid), root_comm.c_str(), o.children ? " and its children" : "");
   std::fflush(stdout);
   const auto wall_start = std::chrono::system_clock::now();
+  const std::set<std::string> outputs_before =
+      tools->default_tool ? existing_outputs(out_root) : std::set<std::string>{};
   attach::Controller ctl;
   std::vector<Attached> procs;
   int exit_code = 0;
@@ -376,9 +415,9 @@ int run_attach(const AttachCommandOptions& o) {
   if (tools->default_tool) {
     std::vector<pid_t> pids;
     for (const auto& p : procs) pids.push_back(p.pid);
-    print_outputs(stdout, out_root, find_outputs(out_root, pids, wall_start));
+    print_outputs(stdout, out_root, find_outputs(out_root, pids, wall_start, outputs_before));
   }
-  return exit_code;
+  return ended_session_exit_code(o, procs, exit_code);
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ constexpr std::array kTable = {
     ExitCodeDoc{ExitCode::kSymbol, "library not mapped or ambiguous, symbol not found"},
     ExitCodeDoc{ExitCode::kNotSupported, "not supported: static binary, kernel, libc or architecture"},
     ExitCodeDoc{ExitCode::kTimedOut, "timed out (see --timeout)"},
-    ExitCodeDoc{ExitCode::kTargetExited, "the target exited during the call or attach"},
+    ExitCodeDoc{ExitCode::kTargetExited, "the target exited during the call, the attach or the session"},
     ExitCodeDoc{ExitCode::kFault, "the called function faulted in the target"},
     ExitCodeDoc{ExitCode::kSystem, "a system call failed, or a /proc or ELF file was malformed"},
     ExitCodeDoc{ExitCode::kInternal, "internal error in remora (please report)"},

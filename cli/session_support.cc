@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,8 +120,19 @@ std::string process_comm(pid_t pid) {
   return s.empty() ? "?" : s;
 }
 
+std::set<std::string> existing_outputs(const std::string& root) {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir(root.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (output_dir_pid(e->d_name) != 0) names.insert(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
 std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<pid_t>& pids,
-                                    std::chrono::system_clock::time_point since_time) {
+                                    std::chrono::system_clock::time_point since_time,
+                                    const std::set<std::string>& before) {
   struct Found {
     OutputDir dir;
     struct timespec mtime;
@@ -131,7 +144,7 @@ std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<p
   if (DIR* d = ::opendir(root.c_str())) {
     while (dirent* e = ::readdir(d)) {
       pid_t p = output_dir_pid(e->d_name);
-      if (p == 0) continue;
+      if (p == 0 || before.count(e->d_name) != 0) continue;
       std::string path = root + "/" + e->d_name;
       struct stat st {};
       if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
@@ -240,6 +253,76 @@ UniqueFd open_pidfd(pid_t pid) { return UniqueFd(static_cast<int>(::syscall(SYS_
 bool pidfd_exited(int pidfd) {
   pollfd p{pidfd, POLLIN, 0};
   return ::poll(&p, 1, 0) == 1;
+}
+
+namespace {
+
+// The kernel's struct pidfd_info up to exit_code (PIDFD_INFO_SIZE_VER0,
+// Linux 6.15); Debian 12's headers predate it. A larger kernel struct is
+// fine: the kernel copies what the size in the request number asks for.
+struct PidfdInfo {
+  uint64_t mask;
+  uint64_t cgroupid;
+  uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+  int32_t exit_code;
+};
+static_assert(sizeof(PidfdInfo) == 64);
+constexpr unsigned long kPidfdGetInfo = _IOWR(0xFF, 11, PidfdInfo);
+constexpr uint64_t kPidfdInfoExit = 1u << 3;
+
+std::optional<int> status_from_pidfd(int pidfd) {
+  PidfdInfo info{};
+  info.mask = kPidfdInfoExit;
+  if (pidfd < 0 || ::ioctl(pidfd, kPidfdGetInfo, &info) != 0) return std::nullopt;
+  if ((info.mask & kPidfdInfoExit) == 0) return std::nullopt;
+  return info.exit_code;
+}
+
+// Field 52 of /proc/PID/stat, the wait status, readable while the process
+// is a zombie (its parent has not reaped it yet).
+std::optional<int> status_from_stat(pid_t pid) {
+  auto text = procfs::read_text("/proc/" + std::to_string(pid) + "/stat");
+  if (!text) return std::nullopt;
+  size_t at = text->rfind(')');
+  if (at == std::string::npos) return std::nullopt;
+  int field = 2;  // the comm just ended
+  const char* p = text->c_str() + at + 1;
+  while (*p && field < 52) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 52) break;
+    while (*p && *p != ' ') ++p;
+  }
+  if (field != 52 || !*p) return std::nullopt;
+  char state = text->size() > at + 2 ? (*text)[at + 2] : '?';
+  if (state != 'Z' && state != 'X') return std::nullopt;  // not ended yet
+  return std::atoi(p);
+}
+
+}  // namespace
+
+std::optional<int> exit_status(pid_t pid, int pidfd) {
+  // The pidfd says "exited" as the process turns zombie; the exit record of
+  // PIDFD_GET_INFO is there from then on (or once it is reaped), /proc only
+  // until then. Ask both, a few times over a few milliseconds.
+  for (int i = 0; i < 10; ++i) {
+    if (auto s = status_from_pidfd(pidfd)) return s;
+    if (auto s = status_from_stat(pid)) return s;
+    timespec ts{0, 2'000'000};
+    ::nanosleep(&ts, nullptr);
+  }
+  return std::nullopt;
+}
+
+std::string describe_exit_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return std::string("was killed by ") + (name ? std::string("SIG") + name : "a signal") + " (signal " +
+           std::to_string(sig) + (WCOREDUMP(status) ? ", core dumped)" : ")");
+  }
+  return "ended (wait status " + std::to_string(status) + ")";
 }
 
 std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0) {

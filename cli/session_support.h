@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,11 +54,16 @@ struct OutputDir {
   pid_t pid = 0;     // from its name (the pid as the process saw itself)
   std::string path;  // as this process can open it
 };
+// The session directories under `root` now (their names): taken before an
+// attach, so that find_outputs never shows an older session's directory as
+// this one's (a target killed during the session writes none).
+std::set<std::string> existing_outputs(const std::string& root);
 // The newest session directory of each of `pids` under `root` written since
 // `since`, then those of other processes (children forked during the
-// session that exited) written since `since`.
+// session that exited) written since `since`; none named in `before`.
 std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<pid_t>& pids,
-                                    std::chrono::system_clock::time_point since);
+                                    std::chrono::system_clock::time_point since,
+                                    const std::set<std::string>& before = {});
 // Prints each directory's summary.txt and names its files; says where it
 // looked when `dirs` is empty. Returns false when nothing was found.
 bool print_outputs(FILE* out, const std::string& root, const std::vector<OutputDir>& dirs);
@@ -94,6 +100,15 @@ class StopSignals {
 // The process's pidfd (empty when pidfd_open fails: the process is gone).
 UniqueFd open_pidfd(pid_t pid);
 bool pidfd_exited(int pidfd);
+
+// How a process that is not our child ended, once its pidfd reads as
+// exited: its wait status, from the pidfd (PIDFD_GET_INFO, Linux 6.15+:
+// also after its parent reaped it) or else /proc/PID/stat while it is a
+// zombie; nullopt when neither tells (its parent reaped it first on an older
+// kernel).
+std::optional<int> exit_status(pid_t pid, int pidfd);
+// "exited with status 3", "was killed by SIGSEGV (signal 11, core dumped)".
+std::string describe_exit_status(int status);
 
 std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0);
 

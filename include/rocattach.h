@@ -47,6 +47,11 @@
 #define ROCATTACH_H_
 
 #include <stdint.h>
+/* ROCm's header brings these, and programs written against it rely on them
+ * (its attach example calls kill() with no include of its own): so does
+ * this one. Both are POSIX system headers; nothing of Remora's is included. */
+#include <signal.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {

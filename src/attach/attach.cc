@@ -64,7 +64,8 @@ constexpr char kAgentName[] = "libremora-agent.so";
 // The agent's exported entry points and info block in one process.
 struct AgentSymbols {
   uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
-  uint64_t attach_unmap_fn = 0;  // 0 for an agent older than this entry point
+  uint64_t attach_unmap_fn = 0;   // 0 for an agent older than this entry point
+  uint64_t attach_leased_fn = 0;  // 0 for an agent of protocol 1 (no FEATURE_LEASED_ATTACH)
 };
 
 struct Controller::Session {
@@ -138,8 +139,46 @@ Result<void> check_environment(pid_t pid) {
   return ok();
 }
 
+// A zombie or a kernel thread has no user space to attach tools to: said
+// as `remora call` says it (ptrace::precheck_open words the same). Any other
+// trouble reading it is left to the attach, which reports it in context.
+Result<void> refuse_no_user_space(pid_t pid) {
+  auto st = procfs::read_status(pid);
+  if (!st || st->tgid != pid) return ok();
+  const std::string p = std::to_string(pid);
+  if (st->state == 'Z' || st->state == 'X')
+    return Error(Errc::kZombie, "process " + p + " is a zombie: it has exited and waits for its parent (" +
+                                    std::to_string(st->ppid) +
+                                    ") to reap it; there is nothing left to trace");
+  bool kthread = st->kthread.value_or(false);
+  if (!st->kthread) {
+    auto stat = procfs::read_stat(pid);
+    kthread = stat && (stat->flags & 0x00200000u) != 0;  // PF_KTHREAD
+  }
+  if (kthread)
+    return Error(Errc::kKernelThread, "process " + p + " (" + st->name +
+                                          ") is a kernel thread: it has no user space to trace; pick a "
+                                          "user-space process");
+  return ok();
+}
+
+// The agent is loaded through the target's dynamic loader (dlopen in its
+// libc): a static program has none. Said as `remora call` says it, before
+// any lookup fails on the symptom ("libc.so.6 is not mapped").
+Result<void> check_dynamic(pid_t pid) {
+  auto auxv = procfs::read_auxv(pid);
+  if (!auxv) return ok();  // unreadable: the loader lookup fails later with its own reason
+  // AT_BASE is the program interpreter's load address, 0 without one.
+  if (procfs::auxv_get(*auxv, AT_BASE).value_or(0) != 0) return ok();
+  return Error(Errc::kStaticBinary,
+               "process " + std::to_string(pid) +
+                   " is statically linked (no dynamic loader, no libc.so): Remora loads its agent and tools "
+                   "through the target's shared libc and cannot attach tools to it");
+}
+
 // Test-only fault injection: REMORA_INJECT_FAULT=NAME in the controller's
-// environment makes step NAME fail as if the target had refused it. Only for
+// environment makes step NAME fail as if the target had refused it (or,
+// for old-agent, take the route of an older agent). Only for
 // failures no test can provoke in a live target:
 //   remove-scratch  removing our retired scratch mapping before the attach
 //                   call (only an agent without remora_agent_attach_unmap
@@ -148,9 +187,19 @@ Result<void> check_environment(pid_t pid) {
 //   lease-call      the remote call that hands the lease pipe to the agent,
 //                   failing on our side before the agent ran (a seize that
 //                   fails, a deadline) with the pipe made.
+//   old-agent       the agent is taken for one of protocol 1 (no leased
+//                   attach): the lease is armed after the attach, as then.
+// Several names are separated by commas ("old-agent,lease-call").
 bool fault_injected(std::string_view name) {
   const char* v = std::getenv("REMORA_INJECT_FAULT");
-  return v != nullptr && name == v;
+  if (v == nullptr) return false;
+  std::string_view all(v);
+  for (size_t at = 0; at <= all.size();) {
+    size_t end = std::min(all.find(',', at), all.size());
+    if (all.substr(at, end - at) == name) return true;
+    at = end + 1;
+  }
+  return false;
 }
 
 // A file made visible in the target; its memfd, when it needs one, is owned
@@ -269,12 +318,13 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
                                                  {"remora_agent_set_lease"},
                                                  {"remora_agent_attach_unmap", true, false},
                                                  {"remora_agent_stub", true, false},
-                                                 {"remora_agent_scratch", false, false}};
+                                                 {"remora_agent_scratch", false, false},
+                                                 {"remora_agent_attach_leased", true, false}};
   auto found = t.find_symbols(kAgentName, queries);
   if (!found && found.error().code() == Errc::kLibraryNotMapped) return false;
   if (!found) return std::move(found).error();
   const auto& f = *found;
-  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(), f[4].addr()};
+  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(), f[4].addr(), f[7].addr()};
   // Calls from now on run through the agent's own stubs and buffer: no
   // scratch mapping of ours stays in the process. Adopted only if the bytes
   // are exactly ours (an agent of another build may differ).
@@ -469,6 +519,9 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
 }  // namespace
 
 Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) {
+  // A zombie or kernel thread is refused as such (a zombie's pidfd already
+  // reads as exited, which would otherwise make it "exited during the attach").
+  REMORA_TRY_CTX(refuse_no_user_space(pid), "attach to process " + std::to_string(pid));
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   UniqueFd pidfd(fd);
   return attach_one(pid, fd, opts);
@@ -504,14 +557,15 @@ bool read_end_unclaimed(remote::Target& t, pid_t pid, uint64_t info_at, int read
   return info && info->lease_pid != getpid();
 }
 
-// Arms a lease through the agent's `lease_fn`: a pipe made by the target,
-// whose write end we reopen (into `lease_fd`) through /proc/PID/fd and then
-// close in the target, so that the agent sees EOF exactly when this
-// controller is gone, whatever pid namespace separates us. Both ends are
-// owned handles until the agent takes the read end: no failure leaves
-// either open in the target.
-Result<void> arm_lease(remote::Target& t, pid_t pid, const AgentSymbols& agent,
-                       const CallOptions& on_listener, UniqueFd* lease_fd) {
+// Makes a lease pipe in the target, whose write end we reopen (into
+// `lease_fd`) through /proc/PID/fd and then close in the target, so that the
+// agent sees EOF exactly when this controller is gone, whatever pid
+// namespace separates us. Returns the read end, owned until the agent takes
+// it: no failure leaves either end open in the target. (A controller killed
+// between the pipe2 and the agent's taking the read end leaves that one
+// descriptor; nothing is attached then.)
+Result<remote::RemoteHandle> make_lease_pipe(remote::Target& t, pid_t pid, const CallOptions& on_listener,
+                                             UniqueFd* lease_fd) {
   auto fds_at = REMORA_TRY(t.scratch_alloc(8));
   CallArg pargs[] = {CallArg::integer(fds_at.addr()), CallArg::integer(O_CLOEXEC)};
   auto p = REMORA_TRY(t.call_symbol("libc.so.6", "pipe2", pargs, on_listener));
@@ -535,16 +589,32 @@ Result<void> arm_lease(remote::Target& t, pid_t pid, const AgentSymbols& agent,
     return std::move(closed).error().with_context("close the target's write end of the lease pipe");
   }
   if (!*lease_fd) return Error::from_errno("open " + wpath, open_errno);
-  CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(fds[0])),
+  return read_end;
+}
+
+// After a call that hands the read end to the agent: the agent owns it once
+// its function ran, whatever it returned (it closes it when it refuses or
+// cannot arm the lease). A call that failed on our side may or may not have
+// run: the handle keeps the read end only while it is provably unclaimed.
+void hand_over_read_end(remote::Target& t, pid_t pid, uint64_t info_at, bool call_ran,
+                        remote::RemoteHandle& read_end, const UniqueFd& lease_fd) {
+  if (call_ran || !read_end_unclaimed(t, pid, info_at, read_end.fd(), lease_fd)) read_end.release();
+}
+
+// Arms a lease through the agent's `lease_fn` after the attach: the order of
+// an agent of protocol 1, which has no leased attach.
+Result<void> arm_lease(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                       const CallOptions& on_listener, UniqueFd* lease_fd) {
+  auto read_end = REMORA_TRY(make_lease_pipe(t, pid, on_listener, lease_fd));
+  const int read_fd = read_end.fd();
+  CallArg largs[] = {CallArg::integer(static_cast<uint64_t>(read_fd)),
                      CallArg::integer(static_cast<uint64_t>(getpid()))};
   auto l = fault_injected("lease-call")
                ? Result<remote::CallReport>(Error(Errc::kIo,
                                                   "call the agent's lease entry point: fault injected by "
                                                   "REMORA_INJECT_FAULT=lease-call"))
                : t.call(RemoteAddr(agent.lease_fn), largs, on_listener);
-  // The agent owns the read end once its function ran, whatever it returned
-  // (it closes it when it cannot arm the lease).
-  if (l || !read_end_unclaimed(t, pid, agent.info, fds[0], *lease_fd)) read_end.release();
+  hand_over_read_end(t, pid, agent.info, l.ok(), read_end, *lease_fd);
   if (!l || l->value != 0) {
     lease_fd->reset();  // a lease armed all the same expires at once: its tools detach
     if (!l) return std::move(l).error();
@@ -583,6 +653,7 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
   // Refused through the environment: nothing is touched. (A loaded agent
   // checks the same itself, in the target.)
   REMORA_TRY(check_environment(pid));
+  REMORA_TRY(check_dynamic(pid));
   auto path = REMORA_TRY(find_agent_library(opts.agent_path));
   // Before anything is injected: what the load makes, against the
   // target's seccomp filter (remote/seccomp.h).
@@ -643,36 +714,67 @@ Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>&
   return list;
 }
 
+// Why the agent refused an attach because tools are attached already, from
+// its info block: a live lease names its owner (whose session a detach
+// would break: none is suggested); without a lease, a detach ends it.
+std::string already_attached_message(const remora_agent_info& info) {
+  if (info.lease_pid != 0 && info.lease_expired == 0)
+    return "attached by remora pid " + std::to_string(info.lease_pid) + ", lease live (tools " +
+           std::string(info.tools) + "): another session holds this process; attach again once it has ended";
+  return info.message;
+}
+
 // The attach call. Our retired scratch goes within it (the agent removes it
 // first: nothing runs in it any more), or, for an agent older than that
 // entry point, by a call of its own just before. The tools' memfds are
 // closed once the call returned: the tools are loaded, or will not be.
-Result<void> call_agent_attach(remote::Target& t, const AgentSymbols& agent,
-                               const std::vector<std::byte>& env, const std::string& list,
-                               const CallOptions& on_listener, remote::RemoteHandle& retired,
-                               std::vector<remote::RemoteHandle>& memfds) {
-  if (retired && (agent.attach_unmap_fn == 0 || fault_injected("remove-scratch"))) {
+// `lease_read`, when given, is the lease pipe's read end (protocol 2): the
+// agent arms the lease within this call, before any tool runs, and owns the
+// descriptor from the call on; `lease_fd` is our write end, closed when the
+// attach fails.
+struct AttachCall {
+  const std::vector<std::byte>& env;
+  const std::string& list;
+  remote::RemoteHandle& retired;
+  std::vector<remote::RemoteHandle>& memfds;
+  remote::RemoteHandle* lease_read = nullptr;
+  UniqueFd* lease_fd = nullptr;
+};
+
+Result<void> call_agent_attach(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                               const CallOptions& on_listener, AttachCall c) {
+  const bool leased = c.lease_read != nullptr;
+  if (c.retired && ((!leased && agent.attach_unmap_fn == 0) || fault_injected("remove-scratch"))) {
     if (fault_injected("remove-scratch"))
       return Error(Errc::kIo,
                    "remove the scratch mapping: fault injected by REMORA_INJECT_FAULT=remove-scratch");
-    REMORA_TRY(retired.reset());
+    REMORA_TRY(c.retired.reset());
   }
-  std::vector<CallArg> args = {CallArg::buffer(env), CallArg::string(list)};
-  uint64_t attach_fn = agent.attach_fn;
-  if (retired) {
-    const auto m = retired.mapping();
+  std::vector<CallArg> args = {CallArg::buffer(c.env), CallArg::string(c.list)};
+  uint64_t attach_fn = leased ? agent.attach_leased_fn : agent.attach_fn;
+  if (c.retired || leased) {
+    const auto m = c.retired.mapping();  // size 0 when there is none
     args.push_back(CallArg::integer(m.start.addr()));
     args.push_back(CallArg::integer(m.size));
-    attach_fn = agent.attach_unmap_fn;
-    retired.release();  // the agent's from this call on
+    if (!leased) attach_fn = agent.attach_unmap_fn;
+    c.retired.release();  // the agent's from this call on
+  }
+  if (leased) {
+    args.push_back(CallArg::integer(static_cast<uint64_t>(c.lease_read->fd())));
+    args.push_back(CallArg::integer(static_cast<uint64_t>(getpid())));
   }
   auto rc = t.call(RemoteAddr(attach_fn), args, on_listener);
-  memfds.clear();
+  c.memfds.clear();
+  if (leased) hand_over_read_end(t, pid, agent.info, rc.ok(), *c.lease_read, *c.lease_fd);
+  int code = rc ? static_cast<int>(static_cast<int32_t>(rc->value)) : REMORA_AGENT_OK;
+  if (leased && (!rc || code != REMORA_AGENT_OK)) c.lease_fd->reset();  // a lease armed all the same expires
   if (!rc) return std::move(rc).error();
-  int code = static_cast<int>(static_cast<int32_t>(rc->value));
   if (code != REMORA_AGENT_OK) {
     auto info = REMORA_TRY(read_info(t, agent.info));
     info.message[sizeof info.message - 1] = '\0';
+    info.tools[sizeof info.tools - 1] = '\0';
+    if (code == REMORA_AGENT_ERR_ALREADY_ATTACHED)
+      return Error(Errc::kAlreadyAttached, already_attached_message(info));
     return Error(errc_for_agent(code), info.message);
   }
   return ok();
@@ -707,10 +809,30 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
 
   auto list = REMORA_TRY_CTX(tool_list(t, opts.tools, info.tools[0] != '\0', on_listener, &memfds), ctx);
   REMORA_LOG(kAttach, "pid %d: tools visible", pid);
-  REMORA_TRY_CTX(call_agent_attach(t, s->agent, encode_env(opts.env), list, on_listener, retired, memfds),
-                 ctx);
-  REMORA_LOG(kAttach, "pid %d: attached", pid);
-  if (opts.lease) REMORA_TRY(arm_lease_or_detach(t, pid, s->agent, on_listener, &s->lease_fd, ctx));
+  // The lease belongs to the attach (protocol 2): the agent records this
+  // controller before any tool runs, so no instant of a controller's death
+  // leaves tools attached without a lease. An agent of protocol 1 is leased
+  // after the attach, as it always was.
+  const bool leased = opts.lease && (info.features & REMORA_AGENT_FEATURE_LEASED_ATTACH) != 0 &&
+                      s->agent.attach_leased_fn != 0 && !fault_injected("old-agent");
+  // The new write end stays apart from the session's until the agent took
+  // the lease: a refused attach must not close a lease this controller
+  // holds already (that would expire its own live session).
+  remote::RemoteHandle lease_read;
+  UniqueFd new_lease;
+  if (leased)
+    lease_read = REMORA_TRY_CTX(make_lease_pipe(t, pid, on_listener, &new_lease), ctx + ": make the lease");
+  const auto env = encode_env(opts.env);
+  AttachCall call{env, list, retired, memfds};
+  if (leased) {
+    call.lease_read = &lease_read;
+    call.lease_fd = &new_lease;
+  }
+  REMORA_TRY_CTX(call_agent_attach(t, pid, s->agent, on_listener, call), ctx);
+  if (leased) s->lease_fd = std::move(new_lease);
+  REMORA_LOG(kAttach, "pid %d: attached%s", pid, leased ? " with its lease" : "");
+  if (opts.lease && !leased)
+    REMORA_TRY(arm_lease_or_detach(t, pid, s->agent, on_listener, &s->lease_fd, ctx));
   s->attached = true;
   out.ok = true;
   out.elapsed = std::chrono::steady_clock::now() - t0;
@@ -829,6 +951,10 @@ void record_failure(ProcessOutcome& o, const Error& e) {
 }  // namespace
 
 Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const AttachOptions& opts) {
+  // The root is refused at once when nothing below it can be attached
+  // either: a zombie, a kernel thread (whose "children" are other kernel
+  // threads, not a tree to walk).
+  REMORA_TRY_CTX(refuse_no_user_space(root), "attach to process " + std::to_string(root));
   auto pids = REMORA_TRY(snapshot_tree(root));
   // Hold a pidfd for each process from the snapshot on: a pid recycled
   // meanwhile can never be attached by mistake.

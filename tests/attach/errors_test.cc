@@ -57,13 +57,17 @@ TEST_F(AttachErrors, RefusedByTheAgentAfterSetenv) {
 }
 
 // An attach whose lease cannot be armed (the target has no two free file
-// descriptors for the lease's pipe) fails and leaves nothing attached: the
-// tools are detached again, so they cannot outlive the controller.
-TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttached) {
+// descriptors for the lease's pipe) fails and leaves nothing attached. With
+// the leased attach (protocol 2) the pipe is made before any tool runs, so
+// no tool is attached at all; in the order of an agent of protocol 1
+// (REMORA_INJECT_FAULT=old-agent), the tools are detached again, so they
+// cannot outlive the controller.
+void lease_that_cannot_be_armed(HookLog& log, bool old_order) {
   TargetProcess target("remora_attach_target");
   const pid_t pid = target.pid();
-  AttachOptions opts = options_for(log_);
+  AttachOptions opts = options_for(log);
   opts.lease = true;
+  ScopedEnv fault("REMORA_INJECT_FAULT", old_order ? "old-agent" : "");
   Controller c;
   {
     auto r = c.attach(pid, opts);
@@ -73,17 +77,23 @@ TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttached) {
   }
   const auto before = status_or_throw(pid);
   ASSERT_EQ(target.command("fill-fds").rfind("filled ", 0), 0u);
-  const size_t from = log_.lines().size();
+  const size_t from = log.lines().size();
   auto r = c.attach(pid, opts);
   ASSERT_FALSE(r.ok()) << "attached although the lease could not be armed";
   EXPECT_TRUE(contains_icase(r.error().to_string(), "lease")) << describe(r.error());
-  EXPECT_TRUE(contains_icase(r.error().to_string(), "detached again")) << describe(r.error());
   const auto after_failure = status_or_throw(pid);
   EXPECT_FALSE(after_failure.attached);
   EXPECT_EQ(after_failure.lease_pid, 0);
-  EXPECT_EQ(after_failure.detaches, before.detaches + 1);
-  EXPECT_EQ(whats(log_.lines(), from), (std::vector<std::string>{"a:tool_attach", "a:tool_detach"}))
-      << log_.dump();
+  if (old_order) {
+    EXPECT_TRUE(contains_icase(r.error().to_string(), "detached again")) << describe(r.error());
+    EXPECT_EQ(after_failure.detaches, before.detaches + 1);
+    EXPECT_EQ(whats(log.lines(), from), (std::vector<std::string>{"a:tool_attach", "a:tool_detach"}))
+        << log.dump();
+  } else {
+    EXPECT_EQ(after_failure.detaches, before.detaches);
+    EXPECT_EQ(after_failure.sessions, before.sessions);
+    EXPECT_EQ(whats(log.lines(), from), std::vector<std::string>{}) << log.dump();
+  }
   ASSERT_EQ(target.command("free-fds"), "ok");
   // Nothing is left over: the next attach arms its lease.
   auto again = c.attach(pid, opts);
@@ -91,6 +101,12 @@ TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttached) {
   EXPECT_EQ(status_or_throw(pid).lease_pid, getpid());
   auto d = c.detach(pid);
   ASSERT_TRUE(d.ok()) << describe(d.error());
+}
+
+TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttached) { lease_that_cannot_be_armed(log_, false); }
+
+TEST_F(AttachErrors, LeaseThatCannotBeArmedLeavesNothingAttachedOldOrder) {
+  lease_that_cannot_be_armed(log_, true);
 }
 
 // A lease that cannot be armed (the target has no two free descriptors for
@@ -122,8 +138,10 @@ TEST_F(AttachErrors, FailedLeaseLeavesNoDescriptorInTheTarget) {
 
 // The call that hands the lease pipe to the agent fails on the
 // controller's side, the pipe made: the read end, which the agent never
-// took, is closed again, and the tools are detached again. Injected through
-// the controller's REMORA_INJECT_FAULT=lease-call: only a seize that fails
+// took, is closed again, and the tools are detached again. This is the order
+// of an agent of protocol 1 (old-agent; the leased attach hands the pipe
+// over in the attach call itself). Injected through the controller's
+// REMORA_INJECT_FAULT=lease-call: only a seize that fails
 // or a deadline that passes between two calls on the listener would do it
 // otherwise, which no test can time.
 TEST_F(AttachErrors, FailedLeaseCallLeavesNoPipeInTheTarget) {
@@ -134,7 +152,7 @@ TEST_F(AttachErrors, FailedLeaseCallLeavesNoPipeInTheTarget) {
   opts.lease = true;
   Controller c;
   {
-    ScopedEnv fault("REMORA_INJECT_FAULT", "lease-call");
+    ScopedEnv fault("REMORA_INJECT_FAULT", "old-agent,lease-call");
     auto r = c.attach(pid, opts);
     ASSERT_FALSE(r.ok()) << "the injected fault did not fail the attach";
     EXPECT_TRUE(contains_icase(r.error().to_string(), "REMORA_INJECT_FAULT")) << describe(r.error());
