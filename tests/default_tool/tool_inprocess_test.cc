@@ -6,10 +6,12 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -124,6 +126,18 @@ std::string rt_dispositions() {
   return out;
 }
 
+// Descriptors of this process open on its own memory file (the tool reads
+// its stack copies through one while attached).
+int count_mem_fds() {
+  int n = 0;
+  std::string mem = "/proc/" + std::to_string(getpid()) + "/mem";
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (fs::read_symlink(e.path(), ec) == mem) ++n;
+  }
+  return n;
+}
+
 struct SlotInfo {
   void** slot;
   void* original;
@@ -232,8 +246,10 @@ TEST_F(DefaultToolTest, DetachRestoresGotSignalAndTimers) {
   EXPECT_GE(sig, SIGRTMIN);
   EXPECT_LE(sig, SIGRTMAX);
   EXPECT_GT(count_timers(), timers) << "one timer per sampled thread";
+  EXPECT_EQ(count_mem_fds(), 1) << "the sampler's stack copies read /proc/self/mem";
   sleep_ms(300);
   ASSERT_EQ(detach(), 0);
+  EXPECT_EQ(count_mem_fds(), 0) << "detach closes the tool's descriptor";
 
   for (const auto& s : slots) {
     void* real = dlsym(RTLD_DEFAULT, s.function.c_str());
@@ -370,6 +386,181 @@ TEST_F(DefaultToolTest, HundredCyclesKeepTheWorkloadCorrect) {
   EXPECT_EQ(std::unique(dirs.begin(), dirs.end()), dirs.end()) << "every session has its own directory";
   for (const auto& d : dirs) EXPECT_TRUE(fs::exists(fs::path(d) / "trace.json")) << d;
   EXPECT_EQ(check_outputs(dirs.back(), ""), "");
+}
+
+// ---- hostile stacks: what a JIT, a sandbox or a runtime does to a thread ----
+
+// Machine code without unwind information, as a JIT emits it: spins `n`
+// times (rdi) with rbp holding garbage, and returns 0. Variant "constant":
+// rbp = a non-canonical address; variant "chain": rbp points at two garbage
+// words on the stack, a frame-pointer chain that leads nowhere.
+std::vector<unsigned char> spin_code(bool chain) {
+  std::vector<unsigned char> c = {0x55};  // push rbp
+  if (!chain) {
+    c.insert(c.end(), {0x48, 0xbd, 0xbe, 0xba, 0xfe, 0xca, 0xef, 0xbe, 0xad, 0xde});  // movabs rbp, imm64
+  } else {
+    c.insert(c.end(), {0x48, 0xb8, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41});  // movabs rax, imm64
+    c.insert(c.end(), {0x50, 0x50, 0x48, 0x89, 0xe5});  // push rax; push rax; mov rbp, rsp
+  }
+  c.insert(c.end(), {0x48, 0x89, 0xf8, 0x48, 0xff, 0xc8, 0x75, 0xfb});  // mov rax, rdi; 1: dec rax; jnz 1b
+  if (chain) c.insert(c.end(), {0x48, 0x83, 0xc4, 0x10});               // add rsp, 16
+  c.insert(c.end(), {0x5d, 0xc3});                                      // pop rbp; ret
+  return c;
+}
+
+using SpinFn = uint64_t (*)(uint64_t);
+
+struct Hostile {
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> wrong{0};  // a computation that went wrong
+  std::atomic<uint64_t> rounds{0};
+};
+
+// Code mapped, run and unmapped again and again: anonymous (a JIT's code
+// cache) or from a memfd (a file-backed mapping the unwinder may read).
+void jit_thread(Hostile* h, bool chain, bool file_backed) {
+  pthread_setname_np(pthread_self(), file_backed ? "h-memfd" : (chain ? "h-fpchain" : "h-nocfi"));
+  std::vector<unsigned char> code = spin_code(chain);
+  int fd = -1;
+  if (file_backed) {
+    fd = memfd_create("remora-test-code", MFD_CLOEXEC);
+    if (fd < 0 || write(fd, code.data(), code.size()) != static_cast<ssize_t>(code.size())) {
+      h->wrong.fetch_add(1);
+      return;
+    }
+  }
+  while (!h->stop.load()) {
+    void* p = file_backed ? mmap(nullptr, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0)
+                          : mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      h->wrong.fetch_add(1);
+      break;
+    }
+    if (!file_backed) {
+      memcpy(p, code.data(), code.size());
+      mprotect(p, 4096, PROT_READ | PROT_EXEC);
+    }
+    if (reinterpret_cast<SpinFn>(p)(2000000) != 0) h->wrong.fetch_add(1);
+    munmap(p, 4096);  // while samples of it may still wait in the ring
+    h->rounds.fetch_add(1);
+  }
+  if (fd >= 0) close(fd);
+}
+
+thread_local Hostile* t_hostile = nullptr;
+
+// A thread whose CPU time is spent in a signal handler on its sigaltstack.
+void altstack_thread(Hostile* h) {
+  pthread_setname_np(pthread_self(), "h-altstack");
+  std::vector<char> alt(64 * 1024);
+  stack_t ss = {};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  if (sigaltstack(&ss, nullptr) != 0) {
+    h->wrong.fetch_add(1);
+    return;
+  }
+  t_hostile = h;
+  while (!h->stop.load()) pthread_kill(pthread_self(), SIGUSR2);
+  ss.ss_flags = SS_DISABLE;
+  sigaltstack(&ss, nullptr);
+}
+
+void altstack_handler(int) {
+  int on_alt = 0;
+  stack_t cur;
+  if (sigaltstack(nullptr, &cur) == 0) on_alt = cur.ss_flags & SS_ONSTACK;
+  if (!on_alt && t_hostile != nullptr) t_hostile->wrong.fetch_add(1);
+  workload_spin_for_ms(3);
+  if (t_hostile != nullptr) t_hostile->rounds.fetch_add(1);
+}
+
+uint64_t recurse(int depth) {
+  volatile unsigned char pad[128];
+  for (auto& b : pad) b = static_cast<unsigned char>(depth);
+  return depth == 0 ? pad[0] : recurse(depth - 1) + pad[7];
+}
+
+void* tiny_stack_main(void* arg) {
+  auto* h = static_cast<Hostile*>(arg);
+  pthread_setname_np(pthread_self(), "h-tinystack");
+  while (!h->stop.load()) {
+    if (recurse(12) != 12u * 13 / 2) h->wrong.fetch_add(1);
+    workload_spin_for_ms(2);
+    h->rounds.fetch_add(1);
+  }
+  return nullptr;
+}
+
+void churn_thread(Hostile* h) {
+  while (!h->stop.load()) {
+    std::thread t([] {
+      pthread_setname_np(pthread_self(), "h-churn");
+      workload_spin_for_ms(40);  // long enough for some to be seen by a thread scan (100 ms)
+    });
+    t.join();
+    h->rounds.fetch_add(1);
+  }
+}
+
+// Samples per thread name in a folded file written with REMORA_FOLD_THREADS=1.
+std::map<std::string, uint64_t> samples_by_thread(const std::string& folded) {
+  std::map<std::string, uint64_t> out;
+  std::istringstream lines(folded);
+  for (std::string line; std::getline(lines, line);) {
+    std::string thread = line.substr(0, line.find(';'));
+    thread = thread.substr(0, thread.rfind('-'));
+    out[thread] += std::stoull(line.substr(line.rfind(' ') + 1));
+  }
+  return out;
+}
+
+TEST_F(DefaultToolTest, HostileStacksNeverCrashTheProcess) {
+  struct sigaction sa, old_usr2;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = altstack_handler;
+  sa.sa_flags = SA_ONSTACK;
+  sigaction(SIGUSR2, &sa, &old_usr2);
+
+  Hostile nocfi, chain, memfd, alt, tiny, churn;
+  ASSERT_EQ(attach({{"REMORA_OUTPUT_PATH", out_},
+                    {"REMORA_SAMPLE_HZ", "997"},
+                    {"REMORA_TRACING", "0"},
+                    {"REMORA_FOLD_THREADS", "1"}}),
+            0);
+  std::vector<std::thread> threads;
+  threads.emplace_back(jit_thread, &nocfi, false, false);
+  threads.emplace_back(jit_thread, &chain, true, false);
+  threads.emplace_back(jit_thread, &memfd, false, true);
+  threads.emplace_back(altstack_thread, &alt);
+  threads.emplace_back(churn_thread, &churn);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 16 * 1024), 0);
+  pthread_t tiny_thread;
+  ASSERT_EQ(pthread_create(&tiny_thread, &attr, tiny_stack_main, &tiny), 0);
+  pthread_attr_destroy(&attr);
+  sleep_ms(1500);
+  for (Hostile* h : {&nocfi, &chain, &memfd, &alt, &tiny, &churn}) h->stop.store(true);
+  for (auto& t : threads) t.join();
+  pthread_join(tiny_thread, nullptr);
+  ASSERT_EQ(detach(), 0);
+  sigaction(SIGUSR2, &old_usr2, nullptr);
+
+  const char* names[] = {"h-nocfi", "h-fpchain", "h-memfd", "h-altstack", "h-tinystack", "h-churn"};
+  Hostile* all[] = {&nocfi, &chain, &memfd, &alt, &tiny, &churn};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(all[i]->wrong.load(), 0u) << names[i] << " computed wrongly";
+    EXPECT_GT(all[i]->rounds.load(), 0u) << names[i] << " made no progress";
+  }
+  std::string d = tool().last_output;
+  auto by_thread = samples_by_thread(read_file(fs::path(d) / "folded.txt"));
+  for (const char* n : names) EXPECT_GT(by_thread[n], 0u) << "samples of " << n;
+  // The altstack thread's samples inside its handler reach back through the
+  // signal frame to the thread's own loop.
+  std::string folded = read_file(fs::path(d) / "folded.txt");
+  EXPECT_NE(folded.find("workload_spin_for_ms"), std::string::npos);
+  EXPECT_EQ(check_outputs(d, ""), "");
 }
 
 }  // namespace

@@ -1,9 +1,47 @@
+// Why the handler only captures, and why that is safe.
+//
+// A sample used to be unwound inside the signal handler, over the live stack
+// of the interrupted thread. On code without unwind information (a JVM's or
+// V8's JIT code) the unwinder followed garbage pointers and the target died
+// of SIGSEGV. Now the work is split the way perf's dwarf mode splits it:
+//
+// 1. The handler (on the sampled thread) captures: the interrupted registers
+//    an unwinder needs (rip, the CFA bases rsp and rbp, the callee-saved rbx
+//    and r12-r15), taken from the ucontext the kernel wrote, and a copy of at
+//    most kStackCopyBytes of stack from the interrupted sp upwards, into the
+//    thread's sample ring. It dereferences nothing but the siginfo, the
+//    ucontext and its own slot: the copy is made by a system call
+//    (own_memory.h) that returns an error where memory is not mapped, so a
+//    stale bound, a stack freed under us or an sp pointing anywhere cannot
+//    fault. The copy stops at the end of the thread's stack as the collector
+//    found it in /proc/self/maps (Slot::stack_lo/hi); where sp is outside
+//    those bounds (a sigaltstack, a fiber, a JVM's own stacks) or they are
+//    not known yet, it copies nothing and the sample keeps the registers,
+//    so the collector can learn the stack that sp is on. No lock, no
+//    allocation, no libunwind.
+// 2. The collector thread (tool.cc drain, every signal blocked) unwinds each
+//    record with libunwind's remote API over the copy (unwind.h): memory
+//    inside the copy comes from the copy, anything else only from readable
+//    file-backed mappings (and the vDSO), read with the same non-faulting
+//    call; a frame without CFI gets a frame-pointer step inside the copy.
+//
+// Where the stack bounds come from (tool.cc learn_stack), all checked
+// against one /proc/self/maps snapshot per thread scan: the main thread's
+// [stack]; for another thread, the mapping holding its sp, read from
+// /proc/self/task/TID/syscall while it is blocked in the kernel, else from
+// the sp of its first sample (pthread_getattr_np cannot describe a thread
+// other than the caller, nor one glibc did not create). Only a private,
+// writable, anonymous mapping counts as a stack. Bounds are kept across
+// sessions by tid while the thread lives. A wrong bound costs a stack copy,
+// never safety: the copy cannot fault whatever the bounds say.
+//
+// This is also the first step to unwinding outside the process: a record is
+// exactly what a controller would need (registers, stack bytes, the maps),
+// for elfutils' unwinder over captured memory as perf's dwarf mode does.
 #include "sampler.h"
 
-#define UNW_LOCAL_ONLY
 #include <errno.h>
 #include <fcntl.h>
-#include <libunwind.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -11,6 +49,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "own_memory.h"
 #include "slots.h"
 
 namespace remora_tool {
@@ -24,6 +63,27 @@ namespace {
 // clock for any thread of the calling process.
 clockid_t thread_cpu_clock(int32_t tid) {
   return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6);
+}
+
+void capture(SampleRec& r, const Slot& s, const ucontext_t* uc) {
+  const greg_t* g = uc->uc_mcontext.gregs;
+  r.regs[kRegRip] = static_cast<uint64_t>(g[REG_RIP]);
+  r.regs[kRegRsp] = static_cast<uint64_t>(g[REG_RSP]);
+  r.regs[kRegRbp] = static_cast<uint64_t>(g[REG_RBP]);
+  r.regs[kRegRbx] = static_cast<uint64_t>(g[REG_RBX]);
+  r.regs[kRegR12] = static_cast<uint64_t>(g[REG_R12]);
+  r.regs[kRegR13] = static_cast<uint64_t>(g[REG_R13]);
+  r.regs[kRegR14] = static_cast<uint64_t>(g[REG_R14]);
+  r.regs[kRegR15] = static_cast<uint64_t>(g[REG_R15]);
+  uint64_t sp = r.regs[kRegRsp];
+  uint64_t hi = s.stack_hi.load(std::memory_order_acquire);
+  uint64_t lo = s.stack_lo.load(std::memory_order_acquire);
+  uint32_t len = 0;
+  if (hi != 0 && sp >= lo && sp < hi) {
+    uint64_t want = hi - sp < kStackCopyBytes ? hi - sp : kStackCopyBytes;
+    len = static_cast<uint32_t>(own_memory_read(r.stack, sp, want));
+  }
+  r.stack_len = len;
 }
 
 void handler(int, siginfo_t* si, void* ucv) {
@@ -42,20 +102,9 @@ void handler(int, siginfo_t* si, void* ucv) {
         r.ts_ns = now_ns();
         int overrun = si->si_overrun;
         r.weight = 1 + static_cast<uint32_t>(overrun > 0 ? (overrun > 1000 ? 1000 : overrun) : 0);
-        uint32_t n = 0;
-        // Start from the interrupted context, not from here: the handler's
-        // own frames and the signal trampoline never appear in a stack.
-        unw_cursor_t cursor;
-        auto* uc = static_cast<ucontext_t*>(ucv);
-        if (unw_init_local2(&cursor, reinterpret_cast<unw_context_t*>(uc), UNW_INIT_SIGNAL_FRAME) == 0) {
-          do {
-            unw_word_t ip = 0;
-            if (unw_get_reg(&cursor, UNW_REG_IP, &ip) < 0 || ip == 0) break;
-            r.pcs[n++] = ip;
-          } while (n < kMaxFrames && unw_step(&cursor) > 0);
-        }
-        if (n == 0) r.pcs[n++] = static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RIP]);
-        r.nframes = n;
+        // The interrupted context, not this handler's: the handler's own
+        // frames and the signal trampoline never appear in a stack.
+        capture(r, *s, static_cast<const ucontext_t*>(ucv));
         // The sample ring has a single producer (this handler; the signal is
         // blocked while it runs), so a plain store of the head suffices.
         r.seq.store(head + 1, std::memory_order_release);
@@ -76,25 +125,17 @@ bool thread_blocks(int32_t tid, int sig) {
   bool blocked = false;
   while (fgets(line, sizeof line, f)) {
     unsigned long long mask;
-    if (sscanf(line, "SigBlk: %llx", &mask) == 1) {
-      blocked = (mask >> (sig - 1)) & 1;
-      break;
-    }
+    int seccomp;
+    if (sscanf(line, "SigBlk: %llx", &mask) == 1) blocked = blocked || ((mask >> (sig - 1)) & 1);
+    // Seccomp strict mode allows read, write, exit and sigreturn only: the
+    // handler's stack copy (pread) would kill the thread. Never sampled.
+    if (sscanf(line, "Seccomp: %d", &seccomp) == 1) blocked = blocked || seccomp == 1;
   }
   fclose(f);
   return blocked;
 }
 
 }  // namespace
-
-void warm_up_unwinder() {
-  unw_context_t ctx;
-  unw_cursor_t cursor;
-  if (unw_getcontext(&ctx) != 0 || unw_init_local(&cursor, &ctx) != 0) return;
-  int depth = 0;
-  while (depth++ < 64 && unw_step(&cursor) > 0) {
-  }
-}
 
 int count_process_timers() {
   FILE* f = fopen("/proc/self/timers", "re");
@@ -139,7 +180,6 @@ bool Sampler::start(int hz, int forced, std::string* error) {
         "(set REMORA_SAMPLING=0)";
     return false;
   }
-  warm_up_unwinder();
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = handler;

@@ -1,7 +1,8 @@
 // CPU sampling: one POSIX timer per thread on that thread's CPU-time clock,
 // delivering a real-time signal to that thread only (SIGEV_THREAD_ID). The
-// handler unwinds with libunwind from the signal context and stores raw PCs
-// in the thread's sample ring (slots.h).
+// handler captures registers and a bounded stack copy into the thread's
+// sample ring (slots.h); the collector unwinds them later (unwind.h). The
+// design and why it cannot crash the target: the top of sampler.cc.
 //
 // Threads: start/add_thread/remove_thread/stop are called by one thread at a
 // time (the listener, then the collector thread while it runs); the signal
@@ -26,7 +27,9 @@ class Sampler {
   bool start(int hz, int forced, std::string* error);
   // Starts sampling `tid` (slot index `slot`, session `gen`). Threads that
   // block the signal (the agent's listener, the tool's own threads, signal
-  // -waiting threads) are left alone: the signal would stay pending there.
+  // -waiting threads) are left alone: the signal would stay pending there;
+  // so are threads in seccomp strict mode, which the handler's stack copy
+  // (a pread) would kill.
   void add_thread(int32_t tid, uint32_t slot, uint32_t gen);
   void remove_thread(int32_t tid);
   bool has_thread(int32_t tid) const { return timers_.count(tid) != 0; }
@@ -54,10 +57,6 @@ class Sampler {
   } old_{};
   std::unordered_map<int32_t, int> timers_;  // tid -> kernel timer id
 };
-
-// Warms libunwind up on the calling thread (its first use initialises global
-// state under a lock and may allocate: not in a signal handler).
-void warm_up_unwinder();
 
 // Number of lines "ID: " in /proc/self/timers (for tests and sanity checks).
 int count_process_timers();

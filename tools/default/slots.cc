@@ -98,6 +98,9 @@ int claim_slot(int32_t tid, uint32_t gen) {
       } else {
         reset_mem(s.mem);
       }
+      // A new thread: its stack is learnt again (tool.cc, learn_stack).
+      s.stack_hi.store(0, std::memory_order_relaxed);
+      s.stack_lo.store(0, std::memory_order_relaxed);
       s.ready.store(1, std::memory_order_release);
       result = static_cast<int>(i);
       break;
@@ -148,7 +151,7 @@ void session_begin() {
 void session_stop_and_quiesce() {
   g_active.store(false, std::memory_order_seq_cst);
   // A producer is only ever busy for a few microseconds (a record, or one
-  // stack unwind), but a thread that died in the middle of one (killed by an
+  // stack copy), but a thread that died in the middle of one (killed by an
   // asynchronous cancel, or not copied by fork()) stays "busy" forever: wait
   // for live threads only, and not longer than a second in any case.
   uint64_t deadline = now_ns() + 1000000000ull;

@@ -29,18 +29,41 @@
 
 namespace remora_tool {
 
-constexpr uint32_t kMaxThreads = 4096;    // slots per session (hash table size)
-constexpr uint32_t kMaxFuncs = 96;        // traceable functions (see functions.def)
-constexpr uint32_t kMaxFrames = 127;      // PCs kept per sample
-constexpr uint32_t kSampleRingSize = 64;  // drained every 100 ms: 99 Hz needs ~10
+constexpr uint32_t kMaxThreads = 4096;  // slots per session (hash table size)
+constexpr uint32_t kMaxFuncs = 96;      // traceable functions (see functions.def)
+constexpr uint32_t kMaxFrames = 127;    // PCs kept per sample (the collector's unwind)
+// Bytes of stack copied per sample from the interrupted sp upwards: perf's
+// default for --call-graph dwarf. Deep enough for the frames that matter in
+// -O2 code; frames beyond it are cut (the stack shows as truncated).
+constexpr uint32_t kStackCopyBytes = 8192;
+// The collector drains every 100 ms (more often at high rates, see tool.cc):
+// at 99 Hz a thread takes ~10 samples in that time.
+constexpr uint32_t kSampleRingSize = 16;
 constexpr uint32_t kCallRingSize = 8192;  // calls per thread per 100 ms before dropping
 
+// The interrupted registers the collector needs to unwind on x86_64: the PC,
+// the CFA bases (rsp, rbp) and every other callee-saved register.
+enum SampleReg : uint32_t {
+  kRegRip,
+  kRegRsp,
+  kRegRbp,
+  kRegRbx,
+  kRegR12,
+  kRegR13,
+  kRegR14,
+  kRegR15,
+  kNumRegs
+};
+
+// One sample as the handler captured it: raw, unwound later by the collector
+// (unwind.h), never in the signal handler.
 struct SampleRec {
   uint64_t ts_ns;             // CLOCK_MONOTONIC
-  uint32_t nframes;           // pcs[0] is the interrupted PC, the rest return addresses
   uint32_t weight;            // 1 + timer overruns
+  uint32_t stack_len;         // bytes valid in stack[], copied from regs[kRegRsp]
   std::atomic<uint64_t> seq;  // position + 1 once committed
-  uint64_t pcs[kMaxFrames];
+  uint64_t regs[kNumRegs];
+  alignas(16) unsigned char stack[kStackCopyBytes];
 };
 
 struct CallRec {
@@ -77,6 +100,13 @@ struct Slot {
   std::atomic<uint32_t> busy;   // producers inside a record on this slot
   uint32_t pad;
   SlotMem* mem;
+  // The thread's stack [lo, hi) as the collector found it in /proc/self/maps
+  // (0, 0: not known yet). Written by the collector only, read by the
+  // handler: they bound the stack copy to the stack's end. A torn or stale
+  // pair can only shorten or lengthen a copy that is made with a read that
+  // cannot fault (own_memory.h), never make it unsafe.
+  std::atomic<uint64_t> stack_lo;
+  std::atomic<uint64_t> stack_hi;
 };
 
 // Global recording state.

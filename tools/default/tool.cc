@@ -7,12 +7,14 @@
 // listener thread (tool_detach may also run on the thread calling exit(), or
 // on the agent's lease thread when a controller died); tool_fini on the
 // exiting thread. While attached, one tool thread ("remora-tool", every
-// signal blocked) wakes every 100 ms to pick up new threads and drain the
-// per-thread buffers. Why a /proc/self/task rescan rather than a hook on
-// thread creation: a hook (patching pthread_create) misses threads created
-// by clone() or by objects we do not patch, and a new thread only matters
-// once it has used CPU time anyway; a rescan of a directory every 100 ms
-// costs microseconds and sees every thread of the process.
+// signal blocked) wakes every 100 ms (more often at high sampling rates) to
+// pick up new threads, drain the per-thread buffers and unwind the captured
+// samples (sampler.cc says why they are unwound there, not in the
+// handler). Why a /proc/self/task rescan rather than a hook on thread
+// creation: a hook (patching pthread_create) misses threads created by
+// clone() or by objects we do not patch, and a new thread only matters once
+// it has used CPU time anyway; a rescan of a directory every 100 ms costs
+// microseconds and sees every thread of the process.
 #include "remora/tool.h"
 
 #include <dirent.h>
@@ -37,11 +39,13 @@
 #include <unordered_set>
 
 #include "config.h"
+#include "own_memory.h"
 #include "profile.h"
 #include "sampler.h"
 #include "slots.h"
 #include "symbolize.h"
 #include "tracer.h"
+#include "unwind.h"
 #include "wrappers.h"
 
 #define REMORA_TOOL_EXPORT extern "C" __attribute__((visibility("default")))
@@ -79,7 +83,15 @@ struct Tool {
   Profile profile;
   std::unordered_map<std::string, uint32_t> stack_ids;
   std::unordered_set<int32_t> live;  // threads seen alive at the last scan
-  unsigned tick = 0;
+  unsigned tick = 0;                 // thread scans this session
+  uint64_t next_scan_ns = 0;
+  MapsSnapshot maps;  // refreshed at each thread scan
+  uint64_t maps_seen = 0;
+  // Stacks learnt, by tid, kept across sessions: a running thread's stack
+  // is otherwise only learnt from its first sample, which a short session
+  // would lose. Checked against the maps before use; dead threads pruned.
+  std::unordered_map<int32_t, std::pair<uint64_t, uint64_t>> known_stacks;
+  Unwinder unwinder;
 };
 
 Tool* g_tool = nullptr;  // created in remora_configure, never freed (wrappers may outlive everything)
@@ -127,9 +139,68 @@ std::vector<int32_t> list_threads() {
   return out;
 }
 
-// Under t.mu. Registers new threads (slot, timer, name), forgets dead ones.
+void set_stack(Slot& s, uint64_t lo, uint64_t hi) {
+  // hi = 0 first: a handler in between sees "unknown" and copies nothing.
+  s.stack_hi.store(0, std::memory_order_release);
+  s.stack_lo.store(lo, std::memory_order_release);
+  s.stack_hi.store(hi, std::memory_order_release);
+}
+
+// The sp of a thread blocked in the kernel, from /proc/self/task/TID/syscall
+// ("nr args... sp pc", or "-1 sp pc"; "running" for a running thread, which
+// then learns its stack from its first sample instead). pthread_getattr_np
+// only knows the calling thread's and glibc's own threads' stacks.
+bool blocked_sp(int32_t tid, uint64_t* sp) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+  std::string line = read_small_file(path);
+  size_t last = line.rfind(' ');
+  if (line.empty() || line[0] == 'r' || last == std::string::npos || last == 0) return false;
+  size_t prev = line.rfind(' ', last - 1);
+  std::string word = line.substr(prev == std::string::npos ? 0 : prev + 1, last - prev - 1);
+  if (word.rfind("0x", 0) != 0) return false;
+  *sp = strtoull(word.c_str() + 2, nullptr, 16);
+  return *sp != 0;
+}
+
+// Under t.mu. Caches the bounds of the stack that `sp` is on in the slot
+// (0: find it: the main thread's [stack], a blocked thread's sp, or the
+// stack an earlier session learnt, if it is still mapped).
+void learn_stack(Tool& t, Slot& s, int32_t tid, uint64_t sp) {
+  if (sp == 0 && tid == t.profile.pid) {
+    const Mapping* m = t.maps.main_stack();
+    if (m != nullptr) sp = m->end - 1;
+  }
+  auto known = t.known_stacks.find(tid);
+  if (sp == 0 && !blocked_sp(tid, &sp) && known != t.known_stacks.end()) sp = known->second.second - 1;
+  if (sp == 0) return;
+  uint64_t lo = 0, hi = 0;
+  if (t.maps.stack_bounds(sp, &lo, &hi)) {
+    set_stack(s, lo, hi);
+    t.known_stacks[tid] = {lo, hi};
+  } else {
+    set_stack(s, 0, 0);
+    if (known != t.known_stacks.end()) t.known_stacks.erase(known);
+  }
+}
+
+// Under t.mu. Reads /proc/self/maps again for the unwinder.
+void refresh_maps(Tool& t) {
+  t.maps.refresh();
+  if (t.maps.version() != t.maps_seen) {
+    // An object may have been unloaded and another loaded at its address:
+    // forget the unwind information and image pages read from the old one.
+    t.unwinder.flush();
+    t.maps_seen = t.maps.version();
+  }
+}
+
+// Under t.mu. Registers new threads (slot, timer, name, stack), forgets dead
+// ones; refreshes the maps snapshot the unwinder reads through.
 void scan_threads(Tool& t, bool refresh_names) {
   uint32_t gen = g_gen.load(std::memory_order_acquire);
+  refresh_maps(t);
+  own_memory_check();
   std::unordered_set<int32_t> now;
   for (int32_t tid : list_threads()) {
     if (tid == t.collector_tid) continue;
@@ -141,11 +212,15 @@ void scan_threads(Tool& t, bool refresh_names) {
     }
     if (!is_new && (!t.cfg.sampling || t.sampler.has_thread(tid))) continue;
     int slot = claim_slot(tid, gen);
-    if (slot >= 0 && t.cfg.sampling && t.sampler.running())
+    if (slot >= 0 && t.cfg.sampling && t.sampler.running()) {
+      Slot& s = g_slots[slot];
+      if (s.stack_hi.load(std::memory_order_relaxed) == 0) learn_stack(t, s, tid, 0);
       t.sampler.add_thread(tid, static_cast<uint32_t>(slot), gen);
+    }
   }
   for (int32_t tid : t.live)
     if (now.count(tid) == 0) t.sampler.remove_thread(tid);
+  std::erase_if(t.known_stacks, [&](const auto& kv) { return now.count(kv.first) == 0; });
   t.live = std::move(now);
 }
 
@@ -166,9 +241,21 @@ void note_slow_call(Profile& p, const CallEvent& c) {
   if (v.size() > 10) v.pop_back();
 }
 
-// Under t.mu. Moves every committed record of every slot into the profile.
+// Under t.mu. A sample without a stack copy: its sp was outside the cached
+// bounds (or none were known). Learn the stack it is on, so that the next
+// samples there are copied; a thread that moves between stacks (a fiber, an
+// alternate signal stack) loses the copy of one sample per move.
+void relearn_stack(Tool& t, Slot& s, int32_t tid, const SampleRec& r) {
+  uint64_t sp = r.regs[kRegRsp];
+  uint64_t lo = s.stack_lo.load(std::memory_order_relaxed), hi = s.stack_hi.load(std::memory_order_relaxed);
+  if (r.stack_len == 0 && (hi == 0 || sp < lo || sp >= hi)) learn_stack(t, s, tid, sp);
+}
+
+// Under t.mu. Moves every committed record of every slot into the profile,
+// unwinding the captured samples.
 void drain(Tool& t) {
   Profile& p = t.profile;
+  uint64_t pcs[kMaxFrames];
   for (Slot& s : g_slots) {
     int32_t tid = s.tid.load(std::memory_order_acquire);
     if (tid == 0 || !s.ready.load(std::memory_order_acquire)) continue;
@@ -178,9 +265,9 @@ void drain(Tool& t) {
     for (; tail < head; ++tail) {
       SampleRec& r = m->samples[tail % kSampleRingSize];
       if (r.seq.load(std::memory_order_acquire) != tail + 1) break;
-      uint32_t n = std::min(r.nframes, kMaxFrames);
-      if (n == 0) continue;
-      uint32_t id = intern_stack(t, r.pcs, n);
+      relearn_stack(t, s, tid, r);
+      uint32_t n = t.unwinder.unwind(r, t.maps, pcs, kMaxFrames);
+      uint32_t id = intern_stack(t, pcs, n);
       p.stack_weights[{tid, id}] += r.weight;
       p.samples_total += r.weight;
       if (p.samples.size() + p.calls.size() < t.cfg.max_events)
@@ -211,14 +298,23 @@ void* collector_main(void* arg) {
   set_thread_ignored(true);
   __atomic_store_n(&t.collector_tid, static_cast<int32_t>(syscall(SYS_gettid)), __ATOMIC_RELEASE);
   pthread_setname_np(pthread_self(), "remora-tool");
+  // Drain before a ring can fill: a ring holds kSampleRingSize samples, so
+  // at high rates wake more often than the 100 ms of a thread scan.
+  int hz = t.cfg.hz > 0 ? t.cfg.hz : 1;
+  int period_ms =
+      std::clamp(static_cast<int>(kSampleRingSize * 1000 / (2 * static_cast<uint32_t>(hz))), 5, 100);
   for (;;) {
     pollfd pfd = {t.wake_fd, POLLIN, 0};
-    poll(&pfd, 1, 100);
+    poll(&pfd, 1, period_ms);
     if (t.stop.load(std::memory_order_acquire)) break;
     std::lock_guard<std::mutex> lock(t.mu);
     if (t.stop.load(std::memory_order_acquire) || !t.attached) break;
-    ++t.tick;
-    scan_threads(t, t.tick % 10 == 0);
+    uint64_t now = now_ns();
+    if (now >= t.next_scan_ns) {
+      t.next_scan_ns = now + 100000000ull;
+      ++t.tick;
+      scan_threads(t, t.tick % 10 == 0);
+    }
     drain(t);
     // Objects loaded by dlopen while attached get their slots patched too.
     if (t.cfg.tracing && t.tracer.objects_changed())
@@ -402,11 +498,13 @@ int do_detach(Tool& t, bool join) {
   if (t.cfg.tracing) t.tracer.restore(&t.profile.warnings);
   session_stop_and_quiesce();
   t.profile.end_ns = now_ns();
+  refresh_maps(t);
   for (int32_t tid : list_threads()) {
     std::string name = thread_name(tid);
     if (!name.empty() && tid != t.collector_tid) t.profile.threads[tid] = name;
   }
   drain(t);
+  own_memory_close();  // the last reads of this session are done
   // Per-function totals: every call, including those the rings dropped.
   std::unordered_map<std::string, FuncStat> stats;
   for (Slot& s : g_slots) {
@@ -485,9 +583,17 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
   for (unsigned i = 0; i < remora_fn_count; ++i) p.fn_names.push_back(remora_fn_table[i].reported_as);
   t.live.clear();
   t.tick = 0;
+  t.next_scan_ns = 0;
   t.in_fork_child = false;
   t.stack_ids.clear();
 
+  if (cfg.sampling) {
+    const char* why = own_memory_open();
+    if (*why != '\0') {
+      log_error(std::string("attach: sampling: ") + why);
+      p.warnings.push_back(why);
+    }
+  }
   session_begin();
   p.start_ns = now_ns();
   if (cfg.sampling && !t.sampler.start(cfg.hz, cfg.signal, &error)) {
@@ -544,6 +650,7 @@ void atfork_child() {
     t.collector_running = false;  // no thread to join here
   }
   t.sampler.forget_timers();
+  own_memory_reopen_after_fork();
   t.live.clear();
   // The child's profile starts now; the parent's records are the parent's.
   t.profile.pid = getpid();
