@@ -11,6 +11,7 @@
 // remote call on it can never deadlock on a lock the thread itself holds.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
@@ -78,8 +79,26 @@ int g_lease_wake = -1;  // eventfd to stop the watcher
 pthread_t g_lease_thread;
 bool g_lease_running = false;
 bool g_lease_stopping = false;  // a disarm is joining the watcher
+// An expired watcher does not detach itself: it is joined by the next arm or
+// by an unload, so that no thread can still be on its way out of the
+// agent's code when the agent's mapping goes.
+bool g_lease_unjoined = false;
 
-bool start_thread(pthread_t* thread, void* (*fn)(void*));
+// A thread of the agent runs on a stack the agent maps itself and unmaps
+// once the thread is gone: glibc would keep a stack of its own allocation in
+// its stack cache for good, one more mapping after an unload.
+struct OwnStack {
+  void* base = nullptr;
+};
+constexpr size_t kStackSize = 256 * 1024;
+OwnStack g_listener_stack;
+OwnStack g_lease_stack;
+
+bool start_thread(pthread_t* thread, void* (*fn)(void*), OwnStack* stack);
+void free_stack(OwnStack* stack) {
+  if (stack->base != nullptr) munmap(stack->base, kStackSize);
+  stack->base = nullptr;
+}
 
 void set_message(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void set_message(const char* fmt, ...) {
@@ -325,13 +344,23 @@ void close_lease_locked() {
   remora_agent_info.lease_pid = 0;
 }
 
+// Joins an expired watcher (it has released g_lock and only returns).
+void join_expired_watcher_locked() {
+  if (!g_lease_unjoined) return;
+  pthread_join(g_lease_thread, nullptr);
+  free_stack(&g_lease_stack);
+  g_lease_unjoined = false;
+}
+
 void stop_lease_locked() {
+  join_expired_watcher_locked();
   if (!g_lease_running) return;
   g_lease_stopping = true;
   uint64_t one = 1;
   (void)!write(g_lease_wake, &one, sizeof one);
   pthread_mutex_unlock(&g_lock);
   pthread_join(g_lease_thread, nullptr);
+  free_stack(&g_lease_stack);
   pthread_mutex_lock(&g_lock);
   g_lease_stopping = false;
   close_lease_locked();
@@ -357,9 +386,10 @@ void* lease_main(void*) {
     remora_agent_info.lease_expired = 1;
   }
   // Expired: nobody will disarm this lease, so it closes itself and the
-  // watcher goes (no fd and no thread of ours stays in the process).
+  // watcher goes (no fd and no thread of ours stays in the process); it is
+  // joined later (join_expired_watcher_locked).
   close_lease_locked();
-  pthread_detach(pthread_self());
+  g_lease_unjoined = true;
   pthread_mutex_unlock(&g_lock);
   return nullptr;
 }
@@ -374,9 +404,10 @@ bool lease_live_locked() {
 
 // Arms a lease on `read_fd` (owned from here on: closed on failure).
 int arm_lease_locked(int32_t read_fd, int32_t controller_pid) {
+  join_expired_watcher_locked();
   g_lease_fd = read_fd;
   g_lease_wake = eventfd(0, EFD_CLOEXEC);
-  if (g_lease_wake < 0 || !start_thread(&g_lease_thread, lease_main)) {
+  if (g_lease_wake < 0 || !start_thread(&g_lease_thread, lease_main, &g_lease_stack)) {
     set_message("cannot start the lease watcher (out of threads or descriptors?)");
     if (g_lease_wake >= 0) close(g_lease_wake);
     close(g_lease_fd);
@@ -395,39 +426,63 @@ void* listener_main(void*) {
   pthread_setname_np(pthread_self(), "remora-listen");
   __atomic_store_n(&remora_agent_info.listener_tid, static_cast<int32_t>(syscall(SYS_gettid)),
                    __ATOMIC_RELEASE);
-  for (;;) {
-    // Woken by nobody: the controller seizes this thread while it waits here
-    // (FUTEX_WAIT restarts transparently after the remote call).
+  // Woken by nobody: the controller seizes this thread while it waits here
+  // (FUTEX_WAIT restarts transparently after the remote call). Only
+  // remora_agent_unload changes the word, within a remote call on this very
+  // thread: the restarted wait then finds it changed (EAGAIN) and the
+  // listener returns, out of the agent's code for good.
+  while (__atomic_load_n(&g_futex_word, __ATOMIC_ACQUIRE) == 0)
     syscall(SYS_futex, &g_futex_word, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
-  }
   return nullptr;
 }
 
-bool start_thread(pthread_t* thread, void* (*fn)(void*)) {
+bool start_thread(pthread_t* thread, void* (*fn)(void*), OwnStack* stack) {
+  void* base =
+      mmap(nullptr, kStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (base == MAP_FAILED) return false;
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);  // the new thread inherits "all blocked"
   pthread_attr_t attr;
   pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_attr_setstack(&attr, base, kStackSize);
   int rc = pthread_create(thread, &attr, fn, nullptr);
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  return rc == 0;
+  if (rc != 0) {
+    munmap(base, kStackSize);
+    return false;
+  }
+  stack->base = base;
+  return true;
 }
 
+// The listener is detached: nobody joins it. Its stack is unmapped by the
+// agent's destructor, which runs in the dlclose of an unload, once the
+// controller has seen the listener's thread gone.
 void start_listener() {
   remora_agent_info.listener_tid = 0;
   pthread_t t;
-  if (start_thread(&t, listener_main)) pthread_detach(t);
+  if (start_thread(&t, listener_main, &g_listener_stack)) pthread_detach(t);
 }
 
 void after_fork_child() {
   // Only the forking thread survives a fork: the child needs its own
   // listener. Our lock may have been held by the parent's listener.
   pthread_mutex_init(&g_lock, nullptr);
+  if (remora_agent_info.unloading) return;  // forked mid-unload: the agent takes no calls any more
   g_lease_running = false;
   g_lease_stopping = false;
+  g_lease_unjoined = false;  // the parent's watcher is no thread of the child
+  // Their stacks are copies no thread of the child uses, unless the forking
+  // thread was the listener itself (a tool callback that forked).
+  char here;
+  auto on = [&](const OwnStack& st) {
+    auto* b = static_cast<char*>(st.base);
+    return b != nullptr && &here >= b && &here < b + kStackSize;
+  };
+  if (!on(g_lease_stack)) free_stack(&g_lease_stack);
+  if (!on(g_listener_stack)) free_stack(&g_listener_stack);
   g_lease_fd = g_lease_wake = -1;
   remora_agent_info.lease_pid = 0;
   start_listener();
@@ -436,11 +491,20 @@ void after_fork_child() {
 __attribute__((constructor)) void agent_init() {
   remora_agent_info.size = sizeof remora_agent_info;
   remora_agent_info.version = REMORA_AGENT_PROTOCOL_VERSION;
-  remora_agent_info.features =
-      REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER | REMORA_AGENT_FEATURE_LEASED_ATTACH;
+  remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER |
+                               REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD;
   pthread_atfork(nullptr, nullptr, after_fork_child);
   start_listener();
   __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
+}
+
+// Runs in the dlclose of an unload (remora_agent_unload), on the
+// controller's fresh thread: the listener and the watcher are gone, so
+// their stacks are unused.
+__attribute__((destructor)) void agent_fini() {
+  if (!remora_agent_info.unloading) return;  // process exit: nothing to give back
+  free_stack(&g_listener_stack);
+  free_stack(&g_lease_stack);
 }
 
 }  // namespace
@@ -555,6 +619,71 @@ REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char*
   rc = finish(rc);
   pthread_mutex_unlock(&g_lock);
   return rc;
+}
+
+namespace {
+
+// Is the object that held `addr` (the tool's remora_configure) still
+// loaded? Asked of the loader itself rather than of /proc/self/maps: a
+// dlclose that returned 0 may still have kept the library (RTLD_NODELETE,
+// a dependency of another library, a unique symbol).
+bool still_loaded(const void* addr, const void* base) {
+  Dl_info info{};
+  return addr != nullptr && dladdr(addr, &info) != 0 && info.dli_fbase == base;
+}
+
+// dlcloses every tool (tool_fini first), last loaded first, and lists in
+// info.kept the ones that stay mapped; the others are gone whatever it says.
+void dlclose_tools_locked() {
+  char* out = remora_agent_info.kept;
+  size_t left = sizeof remora_agent_info.kept;
+  out[0] = '\0';
+  for (int i = g_tool_count - 1; i >= 0; --i) {
+    Tool& t = g_tools[i];
+    if (t.inited && t.conf->tool_fini) t.conf->tool_fini(t.conf->tool_data);
+    t.inited = false;
+    void* probe = t.handle ? dlsym(t.handle, "remora_configure_attach") : nullptr;
+    Dl_info info{};
+    const void* base = probe && dladdr(probe, &info) ? info.dli_fbase : nullptr;
+    bool failed = t.handle != nullptr && dlclose(t.handle) != 0;
+    if (failed || still_loaded(probe, base)) {
+      int n = snprintf(out, left, "%s%s", out == remora_agent_info.kept ? "" : ":", t.path);
+      if (n > 0 && static_cast<size_t>(n) < left) {
+        out += n;
+        left -= static_cast<size_t>(n);
+      }
+    }
+  }
+  memset(g_tools, 0, sizeof g_tools);
+  g_tool_count = 0;
+  g_loaded = false;
+  update_tool_names();
+}
+
+}  // namespace
+
+// See agent/protocol.h. Runs on the listener; the lock is taken for the
+// last time here (the watcher is joined, so nobody else ever takes it).
+REMORA_EXPORT int remora_agent_unload(void) {
+  pthread_mutex_lock(&g_lock);
+  if (remora_agent_info.attached) {
+    stop_lease_locked();
+    detach_all_locked();
+  }
+  stop_lease_locked();
+  dlclose_tools_locked();
+  // glibc's dlopen handle is the object's link_map: the one that holds this
+  // function. (No dlopen(RTLD_NOLOAD) of our own name: a memfd-loaded agent's
+  // name, /proc/self/fd/N, is closed by now.)
+  Dl_info info{};
+  link_map* self = nullptr;
+  if (dladdr1(reinterpret_cast<void*>(&remora_agent_unload), &info, reinterpret_cast<void**>(&self),
+              RTLD_DL_LINKMAP) != 0)
+    remora_agent_info.self_handle = reinterpret_cast<uint64_t>(self);
+  remora_agent_info.unloading = 1;
+  __atomic_store_n(&g_futex_word, 1u, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&g_lock);
+  return finish(REMORA_AGENT_OK);
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {

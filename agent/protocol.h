@@ -15,7 +15,10 @@
 /* 2: remora_agent_attach_leased (REMORA_AGENT_FEATURE_LEASED_ATTACH). The
  * info block's layout is unchanged: a controller of version 1 reads it as
  * before and keeps its old order (attach, then set_lease). */
-#define REMORA_AGENT_PROTOCOL_VERSION 2u
+/* 3: remora_agent_unload (REMORA_AGENT_FEATURE_UNLOAD) and the two fields at
+ * the end of the info block (self_handle, kept); a controller of version 2
+ * reads the block's first part as before. */
+#define REMORA_AGENT_PROTOCOL_VERSION 3u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -31,6 +34,9 @@
  * before any tool runs. A controller that finds the bit clear falls back to
  * remora_agent_attach_unmap (or _attach) followed by remora_agent_set_lease. */
 #define REMORA_AGENT_FEATURE_LEASED_ATTACH 0x4u
+/* remora_agent_unload: the agent can be taken out of the process again (it
+ * was loaded without RTLD_NODELETE; see the entry point below). */
+#define REMORA_AGENT_FEATURE_UNLOAD 0x8u
 
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
@@ -62,6 +68,11 @@ struct remora_agent_info {
   int32_t lease_expired;                   /* 1 once the lease forced a detach */
   char tools[REMORA_AGENT_TOOLS_SIZE];     /* loaded tool list, ':'-separated */
   char message[REMORA_AGENT_MESSAGE_SIZE]; /* why the last call failed ("" on success) */
+  /* Protocol 3 (REMORA_AGENT_FEATURE_UNLOAD): */
+  uint64_t self_handle;               /* the agent's own dlopen handle, set by remora_agent_unload */
+  int32_t unloading;                  /* 1 once remora_agent_unload ran: the listener is leaving */
+  int32_t reserved;                   /* 0 */
+  char kept[REMORA_AGENT_TOOLS_SIZE]; /* tools remora_agent_unload could not unload, ':'-separated */
 };
 
 /* Entry points, all run on the listener thread by a remote call:
@@ -88,6 +99,17 @@ struct remora_agent_info {
  *     goes on. The agent owns lease_fd from the call on, whatever it
  *     returns (it closes it when the attach fails or is refused).
  * int remora_agent_detach(void);
+ * int remora_agent_unload(void);
+ *     Protocol 3. Takes the tools out of the process, on the listener: detaches
+ *     them if attached, stops the lease watcher (joined), runs each tool's
+ *     tool_fini and dlcloses it; a tool whose library stays mapped after its
+ *     dlclose (dlclose failed, RTLD_NODELETE, referenced by another library) is
+ *     named in `kept`. Records the agent's own handle in self_handle and tells
+ *     the listener to return as soon as the call is over: the controller waits
+ *     for its thread to be gone, then has a fresh thread dlclose(self_handle)
+ *     (never the listener, whose code that is; never an interrupted thread,
+ *     which may hold the loader lock). After this call the agent takes no
+ *     more calls: a later attach loads it afresh.
  * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
  *     read_fd: read end of a pipe whose only write end the controller holds
  *     (-1 disarms); controller_pid is informational. Refuses (ERR_LEASE,

@@ -43,6 +43,7 @@ struct AttachCommandOptions {
   bool children = true;
   std::vector<std::string> env;
   bool keep = false;
+  bool unload = false;  // after the detach, unload the tools and the agent
   long timeout_ms = 10000;
 };
 
@@ -295,9 +296,11 @@ int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vect
   if (still == 0) return exit_code;
   const auto t0 = Clock::now();
   std::vector<attach::ProcessOutcome> detached;
-  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  attach::DetachOptions dopts;
+  dopts.timeout = std::chrono::milliseconds(o.timeout_ms);
+  dopts.unload = o.unload;
   if (o.children) {
-    auto r = ctl.detach_tree(o.pid, timeout);
+    auto r = ctl.detach_tree(o.pid, dopts);
     if (r) {
       detached = std::move(*r);
     } else {
@@ -307,8 +310,9 @@ int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vect
   } else {
     attach::ProcessOutcome d;
     d.pid = o.pid;
-    auto r = ctl.detach(o.pid, timeout);
+    auto r = ctl.detach(o.pid, dopts);
     d.ok = r.ok();
+    if (r) d.unload = *r;
     if (!r) {
       d.code = r.error().code();
       d.message = r.error().to_string();
@@ -323,6 +327,7 @@ int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vect
       if (a.pid == d.pid) p = &a;
     if (d.ok) {
       ++ok;
+      if (o.unload) warn_kept_tools(d.pid, d.unload);
       continue;
     }
     bool gone = is_gone(d.code) || (p && p->pidfd && pidfd_exited(p->pidfd.get()));
@@ -334,8 +339,8 @@ int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vect
     print_outcome(stdout, d.pid, p ? p->comm : process_comm(d.pid), "failed: " + d.message);
     exit_code = to_int(exit_code_for(d.code));
   }
-  std::printf("Detached from %s in %ld ms.\n", count_noun(ok, "process", "processes").c_str(),
-              static_cast<long>(since(t0).count()));
+  std::printf("Detached from %s%s in %ld ms.\n", count_noun(ok, "process", "processes").c_str(),
+              o.unload ? " and unloaded Remora" : "", static_cast<long>(since(t0).count()));
   std::fflush(stdout);
   return exit_code;
 }
@@ -439,9 +444,15 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
       ->capture_default_str();
   sub->add_option("-e,--env", opts->env, "Set NAME=VALUE in each target before the tools load (repeatable)")
       ->allow_extra_args(false);
-  sub->add_flag("--keep", opts->keep,
-                "Attach, then exit leaving the tools attached (no lease, no detach; use remora detach later)")
-      ->excludes(dur);
+  auto* keep = sub->add_flag("--keep", opts->keep,
+                             "Attach, then exit leaving the tools attached (no lease, no detach; use remora "
+                             "detach later)")
+                   ->excludes(dur);
+  // --keep leaves the tools attached: there is nothing to unload at the end.
+  sub->add_flag("--unload", opts->unload,
+                "At the end of the session, after the detach, unload the tools and the agent (the process "
+                "keeps nothing of Remora's)")
+      ->excludes(keep);
   add_timeout_option(sub, opts->timeout_ms, "Deadline for each attach or detach, in milliseconds");
   sub->footer(
       "While attached, remora holds a lease: if it dies, the agent detaches the tools itself.\n"
@@ -452,6 +463,7 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
       "  remora attach -p 4242 -d 5000\n"
       "  remora attach -p 4242 -t ./libmytool.so -e MYTOOL_LEVEL=2 --attach-children=false\n"
       "  remora attach -p 4242 --keep          # later: remora detach -p 4242 --tree\n"
+      "  remora attach -p 4242 -d 5000 --unload  # leave nothing behind\n"
       "\n" +
       exit_code_footer());
   sub->callback([opts, tools, dur, &dispatch] {

@@ -1,6 +1,7 @@
 // `remora detach`: detaches whatever tools are attached to a process (or to
 // every process of its tree), whoever attached them: the truth is in the
 // agent, so this works from any shell, e.g. after `remora attach --keep`.
+// With --unload the agent and the tools then leave the process as well.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@ namespace {
 struct DetachCommandOptions {
   pid_t pid = 0;
   bool tree = false;
+  bool unload = false;
   long timeout_ms = 10000;
 };
 
@@ -39,11 +41,13 @@ int run_detach(const DetachCommandOptions& o) {
   // Signals wait until the detach is over (see StopSignals).
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());
-  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  attach::DetachOptions dopts;
+  dopts.timeout = std::chrono::milliseconds(o.timeout_ms);
+  dopts.unload = o.unload;
   attach::Controller ctl;
   if (!o.tree) {
     std::string tools = tools_of(o.pid);
-    auto r = ctl.detach(o.pid, timeout);
+    auto r = ctl.detach(o.pid, dopts);
     if (!r) {
       if (r.error().code() == Errc::kNotAttached)
         print_error(r.error().to_string() + " (remora status -p " + std::to_string(o.pid) +
@@ -51,6 +55,13 @@ int run_detach(const DetachCommandOptions& o) {
       else
         print_error(r.error().to_string());
       return to_int(exit_code_for(r.error().code()));
+    }
+    if (o.unload) {
+      std::printf("%s process %d (%s): %s.\n",
+                  tools.empty() ? "Unloaded Remora from" : ("Detached " + tools + " from").c_str(),
+                  static_cast<int>(o.pid), process_comm(o.pid).c_str(), describe_unload(*r).c_str());
+      warn_kept_tools(o.pid, *r);
+      return 0;
     }
     std::printf("Detached %s from process %d (%s).\n", tools.empty() ? "the tools" : tools.c_str(),
                 static_cast<int>(o.pid), process_comm(o.pid).c_str());
@@ -61,7 +72,7 @@ int run_detach(const DetachCommandOptions& o) {
   if (!pids) return fail(pids.error());
   std::vector<std::string> comms;
   for (pid_t p : *pids) comms.push_back(process_comm(p));
-  auto r = ctl.detach_tree(o.pid, timeout);
+  auto r = ctl.detach_tree(o.pid, dopts);
   if (!r) return fail(r.error());
   size_t detached = 0, not_attached = 0;
   int exit_code = 0;
@@ -73,7 +84,8 @@ int run_detach(const DetachCommandOptions& o) {
     std::string result;
     if (d.ok) {
       ++detached;
-      result = "detached";
+      result = o.unload ? "detached, " + describe_unload(d.unload) : "detached";
+      if (o.unload) warn_kept_tools(d.pid, d.unload);
     } else if (d.code == Errc::kNotAttached) {
       ++not_attached;
       result = "not attached";
@@ -102,11 +114,16 @@ void add_detach_command(CLI::App& root, Dispatch& dispatch) {
   CLI::App* sub = root.add_subcommand("detach", "Detach the tools attached to a process (or its tree)");
   add_pid_option(sub, opts->pid, "Process to detach from");
   sub->add_flag("--tree", opts->tree, "Detach from every process of the tree under PID");
+  sub->add_flag(
+      "--unload", opts->unload,
+      "Then unload the tools and the agent: the process keeps no descriptor or mapping of Remora's");
   add_timeout_option(sub, opts->timeout_ms, "Deadline for each detach, in milliseconds");
   sub->footer(
       "Works whoever attached the tools (remora attach --keep, another program): the\n"
       "agent in each process knows. With --tree, processes with nothing attached are\n"
       "listed as such; exit code 13 only when nothing at all was attached.\n"
+      "--unload also takes the agent and the tools out (after a plain detach too); a tool\n"
+      "that cannot be unloaded is named in a warning and the rest is unloaded.\n"
       "\n" +
       exit_code_footer());
   sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_detach(*opts); }; });

@@ -329,4 +329,20 @@ std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
 }
 
+std::string describe_unload(const attach::UnloadReport& u) {
+  std::string out = "unloaded";
+  for (size_t i = 0; i < u.kept_tools.size(); ++i)
+    out += (i ? ", " : "; kept ") + u.kept_tools[i].substr(u.kept_tools[i].rfind('/') + 1);
+  return u.kept_tools.empty() ? out : out + " (cannot be unloaded)";
+}
+
+void warn_kept_tools(pid_t pid, const attach::UnloadReport& u) {
+  for (const auto& t : u.kept_tools)
+    std::fprintf(stderr,
+                 "remora: warning: tool %s stays loaded in process %d: its dlclose failed or left it mapped "
+                 "(RTLD_NODELETE, unique symbols, or another library uses it); the agent and the other tools "
+                 "were unloaded\n",
+                 t.c_str(), static_cast<int>(pid));
+}
+
 }  // namespace remora::cli

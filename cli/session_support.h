@@ -77,6 +77,13 @@ std::string describe_attach(const attach::ProcessOutcome& o);
 // reported but are not failures: short-lived children come and go.
 bool is_gone(Errc code);
 
+// "unloaded" for a detach with unload, with the tools that stayed loaded
+// named ("unloaded; kept libx.so (cannot be unloaded)").
+std::string describe_unload(const attach::UnloadReport& u);
+// Prints, on stderr, one "warning:" line per tool that stayed loaded after
+// an unload of process `pid`.
+void warn_kept_tools(pid_t pid, const attach::UnloadReport& u);
+
 // Blocks SIGINT, SIGTERM and SIGHUP for the whole process (before any
 // thread starts) and reads them from a signalfd. They stay blocked until
 // remora exits: a signal that killed remora in the middle of a remote call

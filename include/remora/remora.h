@@ -69,7 +69,7 @@ extern "C" {
 
 /* The version of this API; libremora.so's SONAME is libremora.so.<major>. */
 #define REMORA_API_VERSION_MAJOR 0
-#define REMORA_API_VERSION_MINOR 1
+#define REMORA_API_VERSION_MINOR 2 /* 2: remora_detach_with, REMORA_DETACH_UNLOAD */
 
 /*
  * Status codes. One per error code of Remora's engine (same numbers, in the
@@ -178,7 +178,8 @@ REMORA_API remora_status_t remora_attach(pid_t pid, const remora_options_t* opts
 /*
  * Detaches the tools from `pid` (whoever attached them): the agent calls
  * each tool's tool_detach; the tools and the agent stay loaded, so a later
- * remora_attach re-attaches quickly. pid 0 detaches every process this
+ * remora_attach re-attaches quickly (remora_detach_with and
+ * REMORA_DETACH_UNLOAD unload them). pid 0 detaches every process this
  * library attached and not detached since (SUCCESS if there is none); the
  * result is then the last failure seen, and each failure is reported in
  * remora_last_error(). Uses a 10 s deadline per process. Any thread. Fails
@@ -208,6 +209,57 @@ REMORA_API remora_status_t remora_attach_tree(pid_t root, const remora_options_t
  * thread.
  */
 REMORA_API remora_status_t remora_detach_tree(pid_t root);
+
+/* remora_detach_options_t.flags */
+/* After the detach, unload the tools and the agent: each tool's tool_fini
+ * runs and the tool is dlclosed on the agent's listener thread, the
+ * listener and the lease watcher end, and a fresh thread dlcloses the agent.
+ * The process then holds no descriptor and no mapping of Remora's; only
+ * glibc's own malloc memory the agent's threads caused (a thread arena, which
+ * glibc never unmaps) may stay. A process whose tools were detached already
+ * is unloaded all the same. A tool that cannot be unloaded (its dlclose
+ * fails, or leaves it mapped: RTLD_NODELETE, unique symbols, a reference from
+ * another library) is named in `kept_tools` and the rest is unloaded; that
+ * is no failure. A later attach loads the agent afresh. */
+#define REMORA_DETACH_UNLOAD 0x1u
+
+/* Options of remora_detach_with (since 0.2, symbol version REMORA_1).
+ * Initialise with remora_detach_options_init. */
+typedef struct remora_detach_options {
+  uint32_t size;         /* sizeof(remora_detach_options_t) as the caller knows it */
+  uint32_t timeout_msec; /* deadline per remote operation in each process; 0 = 10000 */
+  uint32_t flags;        /* REMORA_DETACH_* */
+  /* true: detach the tree as remora_detach_tree does (the root's recorded
+   * tree, or the tree under it as it is now). */
+  bool children;
+  uint8_t reserved[3];
+  /* Out, written by the call: the tools an unload left loaded, one line per
+   * tool, "PID PATH\n" ("" when none); truncated at a line, NUL-terminated. */
+  char kept_tools[4096];
+} remora_detach_options_t;
+
+/*
+ * Fills *opts with the defaults (timeout 10 s, no flags, no children) and
+ * sets opts->size = `size`. Any thread. Fails with INVALID_ARGUMENT when
+ * opts is NULL or `size` is smaller than the first published layout.
+ */
+REMORA_API remora_status_t remora_detach_options_init_sized(remora_detach_options_t* opts, size_t size);
+
+/* remora_detach_options_init_sized(opts, sizeof *opts). */
+static inline remora_status_t remora_detach_options_init(remora_detach_options_t* opts) {
+  return remora_detach_options_init_sized(opts, sizeof(*opts));
+}
+
+/*
+ * remora_detach (or, with opts->children, remora_detach_tree) with options;
+ * with REMORA_DETACH_UNLOAD the tools and the agent then leave the process
+ * (see the flag). pid 0 (not with children): every process this library
+ * attached. Writes opts->kept_tools. Any thread. Fails as remora_detach
+ * does; an unload fails with NOT_SUPPORTED for an agent loaded by an older
+ * Remora (RTLD_NODELETE: its tools are detached, only a restart removes it)
+ * and with NOT_ATTACHED where no agent is loaded.
+ */
+REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t* opts);
 
 /*
  * Reads the agent's state in `pid` into *state without stopping any of its

@@ -165,6 +165,7 @@ class _AttachOptions:
     timeout_msec: int | None = None
     agent_path: PathLike | None = None
     forward_environment: bool = True
+    unload: bool = False
 
     def keywords(self) -> dict[str, object]:
         """The options as keyword arguments of another entry point."""
@@ -227,6 +228,11 @@ class Session:
         self.library = self._backend.path
         self.tools = _tools(attach_tool_library, self._backend).split(":")
         self.children = bool(options.attach_children)
+        self.unload = bool(options.unload)
+        # (pid, tool) pairs the detach's unload left loaded; () until then.
+        self.kept_tools: tuple[tuple[int, str], ...] = ()
+        if self.unload and not self._backend.can_unload:
+            raise _capi.unload_unsupported(self.library)  # before anything is attached
         timeout_msec = options.timeout_msec
         if timeout_msec is not None and not (0 <= int(timeout_msec) < 2**32):
             raise _capi.invalid_argument(f"timeout_msec {timeout_msec} is out of range")
@@ -259,12 +265,14 @@ class Session:
         return not self._detached
 
     def detach(self) -> None:
-        """Detaches the tools (the whole tree with attach_children). Raises
-        RemoraError when that fails; the session counts as ended anyway."""
+        """Detaches the tools (the whole tree with attach_children), and with
+        unload=True unloads them and the agent; the tools that could not be
+        unloaded are then in `kept_tools`. Raises RemoraError when that
+        fails; the session counts as ended anyway."""
         if self._detached:
             return
         self._detached = True
-        self._backend.detach(self.pid, self.children)
+        self.kept_tools = self._backend.detach(self.pid, self.children, self.unload)
 
     def status(self) -> AgentStatus:
         """status() of the session's process."""
@@ -410,6 +418,10 @@ def attach(
         tools themselves (libremora.so only).
     timeout_msec: deadline per remote operation (default 10000).
     agent_path: libremora-agent.so to use (default: found next to libremora.so).
+    unload: after the detach, unload the tools and the agent too, so that
+        the process keeps no descriptor or mapping of Remora's (libremora.so
+        only; a tool that cannot be unloaded stays, named in the Session's
+        kept_tools).
     on_attached: called with the Session once attached, before waiting.
 
     Returns why the wait ended: "duration", "enter" or "signal". Raises
@@ -424,13 +436,24 @@ def attach(
             return _wait(stop, attach_duration_msec)
 
 
-def detach(pid: int, attach_library: PathLike | None = None, *, detach_children: bool | None = None) -> None:
+def detach(
+    pid: int,
+    attach_library: PathLike | None = None,
+    *,
+    detach_children: bool | None = None,
+    unload: bool = False,
+) -> tuple[tuple[int, str], ...]:
     """Detaches the tools from `pid`, whoever attached them; pid 0 = every
     process this process attached. detach_children: True = the tree under
     pid (the processes this process attached from pid, else the tree as it
     is now); False = pid only; None = the tree when this process attached
-    one from pid, else pid only. Raises RemoraError (NOT_ATTACHED, ...)."""
-    _capi.load(attach_library).detach(_pid(pid, zero_ok=True), detach_children)
+    one from pid, else pid only. unload: then unload the tools and the agent
+    (also after an earlier detach), leaving no descriptor or mapping of
+    Remora's; returns the (pid, tool) pairs that could not be unloaded (their
+    dlclose failed or left them mapped), () otherwise. Raises RemoraError
+    (NOT_ATTACHED, NOT_SUPPORTED for a library or agent that cannot unload,
+    ...)."""
+    return _capi.load(attach_library).detach(_pid(pid, zero_ok=True), detach_children, bool(unload))
 
 
 def status(pid: int, attach_library: PathLike | None = None) -> AgentStatus:

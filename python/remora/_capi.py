@@ -168,6 +168,16 @@ def invalid_argument(message: str, pid: int | None = None) -> RemoraError:
     return RemoraError(Status.INVALID_ARGUMENT, "REMORA_STATUS_INVALID_ARGUMENT", message, pid=pid)
 
 
+def unload_unsupported(library: str) -> RemoraError:
+    """A RemoraError for unload=True with a library that cannot unload."""
+    return RemoraError(
+        Status.NOT_SUPPORTED,
+        "REMORA_STATUS_NOT_SUPPORTED",
+        f"{library} cannot unload the agent (unload needs libremora.so of API 0.2 or later, which has "
+        "remora_detach_with); pass attach_library=remora.library_path() or detach without unload",
+    )
+
+
 def exit_code_for(code: int, api: str = "remora") -> int:
     """The command's exit code for status `code` of `api` ("remora" or "rocattach")."""
     table = _ROCATTACH_EXIT if api == "rocattach" else _REMORA_EXIT
@@ -207,6 +217,20 @@ class _AgentState(ctypes.Structure):
         ("tools", ctypes.c_char * 4096),
         ("message", ctypes.c_char * 2048),
     ]
+
+
+class _DetachOptions(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("timeout_msec", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("children", ctypes.c_bool),
+        ("reserved", ctypes.c_uint8 * 3),
+        ("kept_tools", ctypes.c_char * 4096),
+    ]
+
+
+DETACH_UNLOAD = 0x1  # REMORA_DETACH_UNLOAD
 
 
 def _decode(b: bytes | None) -> str:
@@ -314,6 +338,13 @@ class RemoraBackend(Backend):
             fn.restype = status_t
         c.remora_status.argtypes = [pid_t, ctypes.POINTER(_AgentState)]
         c.remora_status.restype = status_t
+        # Since API 0.2 (symbol version REMORA_1); an older libremora.so cannot unload.
+        self.can_unload = hasattr(c, "remora_detach_with")
+        if self.can_unload:
+            c.remora_detach_options_init_sized.argtypes = [ctypes.POINTER(_DetachOptions), ctypes.c_size_t]
+            c.remora_detach_options_init_sized.restype = status_t
+            c.remora_detach_with.argtypes = [pid_t, ctypes.POINTER(_DetachOptions)]
+            c.remora_detach_with.restype = status_t
         c.remora_last_error.argtypes = []
         c.remora_last_error.restype = ctypes.c_char_p
         for fn in (c.remora_status_name, c.remora_status_string):
@@ -365,12 +396,16 @@ class RemoraBackend(Backend):
         if st != Status.SUCCESS:
             raise self.error(st, pid, f"attach {'tree ' if children else ''}{pid}")
 
-    def detach(self, pid: int, children: bool | None) -> None:
+    def detach(self, pid: int, children: bool | None, unload: bool = False) -> tuple[tuple[int, str], ...]:
+        """Detaches (and with `unload` unloads); returns the (pid, tool) pairs
+        an unload left loaded."""
         with self.lock:
             if children is None:
                 children = pid in self.tree_roots
             if children:
                 self.tree_roots.discard(pid)
+        if unload:
+            return self._detach_unload(pid, bool(children))
         if pid == 0:
             st = self.cdll.remora_detach(0)
             with self.lock:
@@ -381,6 +416,28 @@ class RemoraBackend(Backend):
             st = self.cdll.remora_detach(pid)
         if st != Status.SUCCESS:
             raise self.error(st, pid, f"detach {'tree ' if children else ''}{pid}" if pid else "detach all")
+        return ()
+
+    def _detach_unload(self, pid: int, children: bool) -> tuple[tuple[int, str], ...]:
+        if not self.can_unload:
+            raise unload_unsupported(self.path)
+        opts = _DetachOptions()
+        st = self.cdll.remora_detach_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts))
+        if st != Status.SUCCESS:
+            raise self.error(st, pid, "remora_detach_options_init")
+        opts.flags = DETACH_UNLOAD
+        opts.children = children and pid != 0
+        st = self.cdll.remora_detach_with(pid, ctypes.byref(opts))
+        if pid == 0:
+            with self.lock:
+                self.tree_roots.clear()
+        if st != Status.SUCCESS:
+            raise self.error(st, pid, f"detach and unload {'tree ' if children else ''}{pid}" if pid else "unload all")
+        kept = []
+        for line in _decode(opts.kept_tools).splitlines():
+            p, _, tool = line.partition(" ")
+            kept.append((int(p), tool))
+        return tuple(kept)
 
     def status(self, pid: int) -> _AgentState:
         state = _AgentState()
@@ -464,7 +521,11 @@ class RocattachBackend(Backend):
         if st != RocattachStatus.SUCCESS:
             raise self.error(st, pid, f"attach {'tree ' if children else ''}{pid}")
 
-    def detach(self, pid: int, children: bool | None) -> None:
+    can_unload = False  # rocattach.h has no unload
+
+    def detach(self, pid: int, children: bool | None, unload: bool = False) -> tuple[tuple[int, str], ...]:
+        if unload:
+            raise unload_unsupported(self.path)
         with self.lock:
             if children is None:
                 children = pid in self.tree_roots
@@ -474,6 +535,7 @@ class RocattachBackend(Backend):
         st = self.cdll.rocattach_detach_tree(pid) if children and pid else self.cdll.rocattach_detach(pid)
         if st != RocattachStatus.SUCCESS:
             raise self.error(st, pid, f"detach {'tree ' if children else ''}{pid}" if pid else "detach all")
+        return ()
 
     def status(self, pid: int) -> _AgentState:
         if self.remora is None:

@@ -120,6 +120,46 @@ def test_detach_function_detaches_the_tree_it_attached(library, hook_tool, hook_
     del session
 
 
+def _fds_and_remora_maps(pid):
+    maps = open(f"/proc/{pid}/maps").read().splitlines()
+    marks = ("libremora-", "remora-hook-tool", "memfd:", "anon:remora")
+    return sorted(os.listdir(f"/proc/{pid}/fd")), [m for m in maps if any(k in m for k in marks)]
+
+
+def test_unload_keyword_takes_the_agent_out(library, hook_tool, hook_log, make_target):
+    target = make_target(1)
+    fds_before = {pid: _fds_and_remora_maps(pid)[0] for pid in target.all}
+    with remora.attached(target.pid, hook_tool, env=log_env(hook_log), unload=True) as session:
+        assert session.unload and all(remora.status(pid).attached for pid in target.all)
+    assert session.kept_tools == ()
+    for pid in target.all:
+        assert not remora.status(pid).agent_loaded
+        assert hook_log.count("tool_fini", pid) == 1
+        fds, maps = _fds_and_remora_maps(pid)
+        assert fds == fds_before[pid] and maps == []
+    # attach(..., unload=True) and detach(..., unload=True): a fresh agent each time.
+    assert remora.attach(target.pid, hook_tool, 0, env=log_env(hook_log), unload=True) == "duration"
+    assert all(hook_log.count("configure", pid) == 2 for pid in target.all)
+    remora.attached(target.pid, hook_tool, attach_children=False, env=log_env(hook_log))
+    remora.detach(target.pid)
+    assert remora.status(target.pid).agent_loaded
+    assert remora.detach(target.pid, detach_children=False, unload=True) == ()  # after a plain detach
+    assert not remora.status(target.pid).agent_loaded
+    with pytest.raises(remora.RemoraError) as e:
+        remora.detach(target.pid, detach_children=False, unload=True)
+    assert e.value.code == remora.Status.NOT_ATTACHED
+
+
+def test_unload_with_the_rocattach_library_is_refused_before_attaching(
+    library, rocattach_library, hook_tool, hook_log, make_target
+):
+    target = make_target(0)
+    with pytest.raises(remora.RemoraError) as e:
+        remora.attached(target.pid, hook_tool, attach_library=rocattach_library, unload=True)
+    assert e.value.code == remora.Status.NOT_SUPPORTED and "libremora.so" in str(e.value)
+    assert not hook_log.pids("tool_attach") and not remora.status(target.pid).agent_loaded
+
+
 def test_already_attached(library, hook_tool, hook_log, make_target):
     target = make_target(0)
     with remora.attached(target.pid, hook_tool, attach_children=False, env=log_env(hook_log)):
@@ -239,13 +279,14 @@ def test_rocattach_library(library, rocattach_library, hook_tool, hook_log, make
 _OPTIONS = (
     "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, "
     "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
-    "forward_environment: 'bool' = True"
+    "forward_environment: 'bool' = True, unload: 'bool' = False"
 )
 _SIGNATURES = {
     "attach": "(pid: 'int', attach_tool_library: 'Tools' = None, attach_duration_msec: 'float | None' = None, "
     "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, *, "
     "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
-    "forward_environment: 'bool' = True, on_attached: 'Callable[[Session], None] | None' = None) -> 'str'",
+    "forward_environment: 'bool' = True, unload: 'bool' = False, "
+    "on_attached: 'Callable[[Session], None] | None' = None) -> 'str'",
     "attached": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS}) -> 'Session'",
     "Session": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS})",
 }

@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -66,6 +67,7 @@ struct AgentSymbols {
   uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
   uint64_t attach_unmap_fn = 0;   // 0 for an agent older than this entry point
   uint64_t attach_leased_fn = 0;  // 0 for an agent of protocol 1 (no FEATURE_LEASED_ATTACH)
+  uint64_t unload_fn = 0;         // 0 for an agent of protocol 2 or older (no FEATURE_UNLOAD)
 };
 
 struct Controller::Session {
@@ -319,12 +321,14 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
                                                  {"remora_agent_attach_unmap", true, false},
                                                  {"remora_agent_stub", true, false},
                                                  {"remora_agent_scratch", false, false},
-                                                 {"remora_agent_attach_leased", true, false}};
+                                                 {"remora_agent_attach_leased", true, false},
+                                                 {"remora_agent_unload", true, false}};
   auto found = t.find_symbols(kAgentName, queries);
   if (!found && found.error().code() == Errc::kLibraryNotMapped) return false;
   if (!found) return std::move(found).error();
   const auto& f = *found;
-  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(), f[4].addr(), f[7].addr()};
+  *out =
+      AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(), f[4].addr(), f[7].addr(), f[8].addr()};
   // Calls from now on run through the agent's own stubs and buffer: no
   // scratch mapping of ours stays in the process. Adopted only if the bytes
   // are exactly ours (an agent of another build may differ).
@@ -350,6 +354,8 @@ bool process_is_stopped(pid_t pid) {
   return st && st->state == 'T' && st->tracer_pid == 0;
 }
 
+Result<pid_t> drive_to_exit(pid_t pid, pid_t tid, const Deadline& deadline);
+
 // Finds the thread that appeared since `before`, seizes it and lets it run
 // (resuming it from every group stop) until it exits. Used when the process
 // is stopped, so that the loader thread alone runs.
@@ -363,6 +369,12 @@ Result<pid_t> drive_new_thread(pid_t pid, const std::vector<pid_t>& before, cons
     if (deadline.expired()) return Error(Errc::kTimedOut, "the loader thread did not appear");
     pause_briefly(20'000);
   }
+  return drive_to_exit(pid, tid, deadline);
+}
+
+// Seizes thread `tid` of a stopped process and lets it alone run (resuming
+// it from every group stop) until it exits; returns its tid.
+Result<pid_t> drive_to_exit(pid_t pid, pid_t tid, const Deadline& deadline) {
   REMORA_TRY(ptrace::seize(pid, tid, 0));
   (void)ptrace::interrupt(tid);
   for (;;) {
@@ -383,13 +395,20 @@ Result<pid_t> drive_new_thread(pid_t pid, const std::vector<pid_t>& before, cons
 // Fills the loader block with libc's functions (before glibc 2.34, dlopen
 // and dlerror live in libdl.so.2), with one read of the maps for libc's.
 // Returns pthread_create, which the hijacked thread calls.
-Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* block) {
+// `stack_fns` receives pthread_attr_init and pthread_attr_setstack (null
+// before glibc 2.34, where they live in libpthread: the thread then gets a
+// stack of libc's own).
+Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* block,
+                                         std::array<RemoteAddr, 2>* stack_fns) {
   const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},
                                                   {"pthread_self"},
                                                   {"pthread_detach"},
                                                   {"dlopen", true, false},
-                                                  {"dlerror", true, false}};
+                                                  {"dlerror", true, false},
+                                                  {"pthread_attr_init", true, false},
+                                                  {"pthread_attr_setstack", true, false}};
   auto fns = REMORA_TRY(t.find_symbols("libc.so.6", libc_fns));
+  *stack_fns = {fns[5], fns[6]};
   block->pthread_self_fn = fns[1].addr();
   block->pthread_detach_fn = fns[2].addr();
   block->dlopen_fn = fns[3].addr();
@@ -403,7 +422,10 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
     block->dlopen_fn = (*dl)[0].addr();
     block->dlerror_fn = (*dl)[1].addr();
   }
-  block->flags = RTLD_NOW | RTLD_NODELETE;
+  // No RTLD_NODELETE: an unload (DetachOptions::unload) dlcloses the agent,
+  // once no thread of the target can be in its code any more (unload_agent).
+  // Nothing else ever closes this reference.
+  block->flags = RTLD_NOW;
   return fns[0];
 }
 
@@ -411,6 +433,7 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
 struct LoaderRun {
   uint64_t block_at = 0;
   x::LoaderBlock block{};
+  std::array<RemoteAddr, 2> stack_fns{};                    // pthread_attr_init, pthread_attr_setstack
   Result<std::vector<pid_t>> before{std::vector<pid_t>{}};  // the tasks before it was created
   pid_t loader = 0;                                         // its tid, when Remora drove it itself
   bool driven = false;  // the process is stopped: Remora ran the loader thread
@@ -461,6 +484,79 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
   }
 }
 
+// Runs Remora's thread trampoline on a fresh thread of the target, on
+// `run.block` (written at run.block_at by this function, its other fields
+// filled in by the caller), and waits for the thread to have left our
+// scratch code for good. `thread_out` receives the new pthread_t.
+constexpr uint64_t kLoaderStackSize = 1024 * 1024;
+
+// A stack for the loader thread, mapped by us: glibc keeps the stacks it
+// allocates itself in its stack cache once their thread exits, a mapping
+// that would outlive an unload. Removed by the handle once the thread is
+// gone. Returns the pthread_attr_t (in scratch session memory) that names
+// it; 0 (libc's own stack) when this libc lacks the functions.
+Result<uint64_t> loader_stack(remote::Target& t, const LoaderRun& run, remote::RemoteHandle* stack) {
+  if (run.stack_fns[0].null() || run.stack_fns[1].null()) return 0;
+  const uint64_t margs[] = {0,
+                            kLoaderStackSize,
+                            PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+                            static_cast<uint64_t>(-1),
+                            0};
+  auto m = REMORA_TRY_CTX(t.syscall(x::nr::kMmap, margs), "map the loader thread's stack");
+  if (static_cast<int64_t>(m.value) < 0 && static_cast<int64_t>(m.value) > -4096)
+    return Error(Errc::kIo, "mmap of the loader thread's stack failed in the target",
+                 static_cast<int>(-static_cast<int64_t>(m.value)));
+  *stack = remote::RemoteHandle::mapping(t, remote::Target::Mapping{RemoteAddr(m.value), kLoaderStackSize});
+  auto attr = REMORA_TRY(t.scratch_alloc(64));  // sizeof(pthread_attr_t) is 56 on x86_64 and aarch64
+  CallArg init[] = {CallArg::integer(attr.addr())};
+  auto i = REMORA_TRY_CTX(t.call(run.stack_fns[0], init), "pthread_attr_init");
+  CallArg set[] = {CallArg::integer(attr.addr()), CallArg::integer(m.value),
+                   CallArg::integer(kLoaderStackSize)};
+  auto st = REMORA_TRY_CTX(t.call(run.stack_fns[1], set), "pthread_attr_setstack");
+  if (i.value != 0 || st.value != 0) return 0;  // refused: libc's own stack then
+  // (No pthread_attr_destroy: an attribute that names no CPU set holds nothing.)
+  return attr.addr();
+}
+
+// Runs Remora's thread trampoline on a fresh thread of the target, on
+// `run.block` (written at run.block_at by this function, its other fields
+// filled in by the caller), and waits for the thread to have left our
+// scratch code (and its stack) for good. `thread_out` receives the new
+// pthread_t.
+Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
+                                   uint64_t thread_out, const Deadline& deadline) {
+  REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
+  auto tramp = REMORA_TRY(t.thread_trampoline());
+  remote::RemoteHandle stack;
+  REMORA_LOG(kAttach, "pid %d: trampoline ready", t.pid());
+  const uint64_t attr = REMORA_TRY(loader_stack(t, run, &stack));
+  run.before = procfs::list_tasks(t.pid());
+  CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(attr), CallArg::integer(tramp.addr()),
+                    CallArg::integer(run.block_at)};
+  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
+  auto created = REMORA_TRY_CTX(t.call(pthread_create_fn, args), "start the loader thread");
+  REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
+  if (created.value != 0)
+    return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
+  auto keep_stack = [&](Error e) {
+    stack.release();  // the thread may still run on it: leaking it is the lesser harm
+    return e;
+  };
+  if (auto done = wait_loader_done(t, run, deadline); !done) return keep_stack(std::move(done).error());
+  REMORA_LOG(kAttach, "pid %d: loader thread's call returned", t.pid());
+  // Then for its thread to leave the scratch code for good.
+  std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(run.block.tid);
+  while (run.block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
+    if (deadline.expired()) {
+      t.abandon_scratch();
+      return keep_stack(Error(Errc::kTimedOut, "the agent's loader thread did not exit in time"));
+    }
+    pause_briefly(20'000);
+  }
+  return stack.reset();
+}
+
 // Loads the agent on a fresh thread (see the file comment).
 // Returns, for a stopped process, the tid of the agent's listener (it was
 // created stopped and could not publish its tid); 0 otherwise.
@@ -469,7 +565,7 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
   // goes, loaded or not.
   auto vf = REMORA_TRY_CTX(make_visible_owned(t, agent_path), "make the agent visible to the target");
   LoaderRun run;
-  const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block));
+  const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
   const size_t path_len = vf.path.size() + 1;
   auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + path_len + 8));
   run.block_at = mem.addr();
@@ -477,27 +573,7 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
   uint64_t thread_out = (path_at + path_len + 7) & ~uint64_t{7};
   run.block.path = path_at;
   REMORA_TRY(t.write(RemoteAddr(path_at), std::as_bytes(std::span(vf.path.c_str(), path_len))));
-  REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
-  auto tramp = REMORA_TRY(t.thread_trampoline());
-  run.before = procfs::list_tasks(t.pid());
-  CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(0), CallArg::integer(tramp.addr()),
-                    CallArg::integer(run.block_at)};
-  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
-  auto created = REMORA_TRY_CTX(t.call(pthread_create_fn, args), "start the loader thread");
-  REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
-  if (created.value != 0)
-    return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
-  REMORA_TRY(wait_loader_done(t, run, deadline));
-  REMORA_LOG(kAttach, "pid %d: agent dlopen returned", t.pid());
-  // Then for its thread to leave the scratch code for good.
-  std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(run.block.tid);
-  while (run.block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
-    if (deadline.expired()) {
-      t.abandon_scratch();
-      return Error(Errc::kTimedOut, "the agent's loader thread did not exit in time");
-    }
-    pause_briefly(20'000);
-  }
+  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, thread_out, deadline));
   pid_t listener = 0;
   if (run.driven && run.before) {
     // The thread that appeared besides the loader is the agent's listener.
@@ -514,6 +590,78 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     return Error(Errc::kToolFailed, std::string("the target could not load the agent: ") + msg);
   }
   return listener;
+}
+
+// Waits until thread `tid` of `pid` is gone; in a stopped process it could
+// never run to its end, so Remora drives it there itself.
+Result<void> wait_thread_gone(pid_t pid, pid_t tid, const Deadline& deadline) {
+  const std::string task = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid);
+  for (long nap = 20'000; tid != 0 && ::access(task.c_str(), F_OK) == 0;
+       nap = std::min<long>(nap + 20'000, 200'000)) {
+    auto st = procfs::read_stat(pid, tid);
+    if (st && st->state == 'T') {
+      REMORA_TRY(drive_to_exit(pid, tid, deadline));
+      continue;
+    }
+    if (deadline.expired())
+      return Error(Errc::kTimedOut, "thread " + std::to_string(tid) + " did not exit in time");
+    pause_briefly(nap);
+  }
+  return ok();
+}
+
+// The agent's own dlclose, after remora_agent_unload returned on the
+// listener: the tools are gone, the watcher is joined, and the listener is
+// returning. Once its thread is gone, no thread of the target can be in the
+// agent's code (nothing else ever runs there), and a fresh thread (our
+// trampoline, as for the load: never an interrupted thread, which may hold
+// the loader lock) dlcloses it. The trampoline calls block.dlopen_fn(path,
+// flags): here dlclose(self_handle), whose result lands in block.handle.
+Result<void> dlclose_agent(remote::Target& t, pid_t pid, const remora_agent_info& info,
+                           const Deadline& deadline) {
+  if (info.self_handle == 0)
+    return Error(Errc::kInternal,
+                 "the agent did not find its own handle: it stays loaded (its tools are unloaded)");
+  // Our calls ran through the agent's stubs, which go with it: forget them
+  // (a retired scratch of our own is removed).
+  REMORA_TRY(t.close());
+  REMORA_TRY_CTX(wait_thread_gone(pid, info.listener_tid, deadline),
+                 "wait for the agent's listener to return");
+  LoaderRun run;
+  const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
+  const remote::Target::SymbolQuery q[] = {{"dlclose", true, false}};
+  auto fns = REMORA_TRY(t.find_symbols("libc.so.6", q));
+  RemoteAddr dlclose_fn = fns[0];
+  if (dlclose_fn.null()) {
+    const remote::Target::SymbolQuery dq[] = {{"dlclose"}};
+    dlclose_fn = REMORA_TRY(t.find_symbols("libdl.so.2", dq))[0];
+  }
+  run.block.dlopen_fn = dlclose_fn.addr();
+  run.block.path = info.self_handle;
+  run.block.flags = 0;
+  auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + 8));
+  run.block_at = mem.addr();
+  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, run.block_at + sizeof run.block, deadline));
+  if (run.block.handle != 0) {
+    char msg[512] = "";
+    if (run.block.error)
+      (void)t.read(RemoteAddr(run.block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
+    msg[sizeof msg - 1] = '\0';
+    (void)t.close();
+    return Error(Errc::kToolFailed, std::string("the target's dlclose of the agent failed: ") + msg);
+  }
+  return t.close();  // our scratch, the last thing of ours
+}
+
+std::vector<std::string> split_list(const char* list) {
+  std::vector<std::string> out;
+  std::string_view all(list);
+  for (size_t at = 0; at < all.size();) {
+    size_t end = std::min(all.find(':', at), all.size());
+    if (end > at) out.emplace_back(all.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -803,6 +951,14 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   pid_t known_listener =
       REMORA_TRY_CTX(ensure_agent(t, pid, opts, deadline, &s->agent, &retired, &out.agent_loaded_now), ctx);
   auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
+  if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0 && info.unloading)
+    return Error(
+               Errc::kAlreadyAttached,
+               "the agent in process " + std::to_string(pid) +
+                   " is being unloaded (its listener is gone): if no remora detach --unload is running, one "
+                   "was interrupted; finish it with remora detach --unload -p " +
+                   std::to_string(pid) + ", then attach again")
+        .with_context(ctx);
   s->listener = info.listener_tid;
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   CallOptions on_listener{s->listener, opts.timeout};
@@ -840,17 +996,80 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
 }
 
 Result<void> Controller::detach(pid_t pid, std::chrono::milliseconds timeout) {
-  if (pid != 0) return detach_one(pid, timeout);
-  Result<void> last = ok();
-  for (pid_t p : sessions()) {
-    auto r = detach_one(p, timeout);
-    if (!r) last = std::move(r);
-  }
-  return last;
+  DetachOptions opts;
+  opts.timeout = timeout;
+  auto r = detach(pid, opts);
+  if (!r) return std::move(r).error();
+  return ok();
 }
 
-Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout) {
-  const std::string ctx = "detach from process " + std::to_string(pid);
+Result<UnloadReport> Controller::detach(pid_t pid, const DetachOptions& opts) {
+  if (pid != 0) return detach_one(pid, opts);
+  Result<UnloadReport> last = UnloadReport{};
+  UnloadReport merged{true, {}};
+  for (pid_t p : sessions()) {
+    auto r = detach_one(p, opts);
+    if (!r) {
+      last = std::move(r);
+      continue;
+    }
+    merged.unloaded = merged.unloaded && r->unloaded;
+    merged.kept_tools.insert(merged.kept_tools.end(), r->kept_tools.begin(), r->kept_tools.end());
+  }
+  if (!last) return last;
+  if (!opts.unload) merged.unloaded = false;
+  return merged;
+}
+
+namespace {
+
+// The unload proper, on a process whose agent is resolved (DetachOptions::
+// unload): remora_agent_unload on the listener (it detaches the tools if
+// they are attached), then the agent's dlclose on a fresh thread. An
+// unload interrupted after the first step (a deadline, a controller killed)
+// is finished by the next one: the agent says it is `unloading`.
+Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                                  remora_agent_info info, std::chrono::milliseconds timeout) {
+  Deadline deadline = Deadline::after(timeout);
+  if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) == 0 || agent.unload_fn == 0) {
+    if (info.attached) {
+      auto d = t.call(RemoteAddr(agent.detach_fn), {}, CallOptions{info.listener_tid, timeout});
+      if (!d) return std::move(d).error();
+    }
+    return Error(Errc::kNotSupported,
+                 "the agent in process " + std::to_string(pid) + " (protocol " +
+                     std::to_string(info.version) +
+                     ") was loaded by an older Remora, with RTLD_NODELETE, and cannot be unloaded; its tools "
+                     "are detached. Only a restart of the process removes it");
+  }
+  if (!info.unloading) {
+    auto rc = t.call(RemoteAddr(agent.unload_fn), {}, CallOptions{info.listener_tid, timeout});
+    if (!rc) return std::move(rc).error().with_context("unload the tools");
+    info = REMORA_TRY(read_info(t, agent.info));
+    if (static_cast<int32_t>(rc->value) != REMORA_AGENT_OK) {
+      info.message[sizeof info.message - 1] = '\0';
+      return Error(errc_for_agent(static_cast<int32_t>(rc->value)), info.message)
+          .with_context("unload the tools");
+    }
+  }
+  info.kept[sizeof info.kept - 1] = '\0';
+  UnloadReport report;
+  report.kept_tools = split_list(info.kept);
+  REMORA_TRY_CTX(dlclose_agent(t, pid, info, deadline), "unload the agent");
+  auto maps = REMORA_TRY(procfs::read_maps(pid));
+  if (remote::find_library(pid, maps, kAgentName))
+    return Error(Errc::kInternal, std::string("the agent's dlclose returned 0 but ") + kAgentName +
+                                      " is still mapped (another library of the process holds it?)")
+        .with_context("unload the agent");
+  report.unloaded = true;
+  return report;
+}
+
+}  // namespace
+
+Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts) {
+  const std::string ctx =
+      std::string(opts.unload ? "detach and unload from" : "detach from") + " process " + std::to_string(pid);
   auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
   std::unique_lock lock(s->mu);
   remote::Target& t = *s->target;
@@ -870,7 +1089,17 @@ Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout
         .with_context(ctx);
   }
   auto info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
-  auto rc = t.call(RemoteAddr(s->agent.detach_fn), {}, CallOptions{info.listener_tid, timeout});
+  if (opts.unload) {
+    auto r = unload_agent(t, pid, s->agent, info, opts.timeout);
+    finish();
+    if (r) {
+      s->agent = AgentSymbols{};  // gone: a later attach loads it afresh
+      s->listener = 0;
+    }
+    if (!r) return std::move(r).error().with_context(ctx);
+    return r;
+  }
+  auto rc = t.call(RemoteAddr(s->agent.detach_fn), {}, CallOptions{info.listener_tid, opts.timeout});
   if (!rc) {
     finish();
     return std::move(rc).error().with_context(ctx);
@@ -883,7 +1112,7 @@ Result<void> Controller::detach_one(pid_t pid, std::chrono::milliseconds timeout
     return Error(errc_for_agent(code), info.message).with_context(ctx);
   }
   finish();
-  return ok();
+  return UnloadReport{};
 }
 
 Result<AgentState> Controller::status(pid_t pid) {
@@ -982,6 +1211,12 @@ Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const At
 }
 
 Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, std::chrono::milliseconds timeout) {
+  DetachOptions opts;
+  opts.timeout = timeout;
+  return detach_tree(root, opts);
+}
+
+Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, const DetachOptions& opts) {
   std::vector<pid_t> pids;
   {
     std::lock_guard lock(mu_);
@@ -995,9 +1230,12 @@ Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, std::chr
   std::vector<ProcessOutcome> outcomes(pids.size());
   for_each_parallel(pids.size(), [&](size_t i) {
     outcomes[i].pid = pids[i];
-    auto r = detach_one(pids[i], timeout);
+    auto r = detach_one(pids[i], opts);
     outcomes[i].ok = r.ok();
-    if (!r) record_failure(outcomes[i], r.error());
+    if (r)
+      outcomes[i].unload = std::move(*r);
+    else
+      record_failure(outcomes[i], r.error());
   });
   return outcomes;
 }

@@ -38,6 +38,29 @@ struct AttachOptions {
   std::string agent_path;
 };
 
+struct DetachOptions {
+  // Deadline for each remote operation.
+  std::chrono::milliseconds timeout{10000};
+  // After the detach, take the tools and the agent out of the process: the
+  // listener dlcloses the tools (after tool_fini) and returns, the lease
+  // watcher is joined, then a fresh thread dlcloses the agent. The target's
+  // descriptors and mappings are then those it had before the agent came,
+  // save what a tool that cannot be unloaded keeps (UnloadReport). A process
+  // whose tools are detached already is unloaded all the same; one without
+  // an agent fails with kNotAttached.
+  bool unload = false;
+};
+
+// What an unload left behind in one process (DetachOptions::unload).
+struct UnloadReport {
+  bool unloaded = false;  // the agent is gone from the process's maps
+  // Tools whose library stayed mapped after their dlclose: the dlclose
+  // failed, the library is RTLD_NODELETE (or has unique symbols, which glibc
+  // makes so), or another library holds a reference to it. The rest of the
+  // process was unloaded all the same.
+  std::vector<std::string> kept_tools;
+};
+
 // What one process reported after an attach or detach.
 struct ProcessOutcome {
   pid_t pid = 0;
@@ -46,6 +69,7 @@ struct ProcessOutcome {
   std::string message;            // error text when !ok
   Errc code = Errc::kOk;
   std::chrono::nanoseconds elapsed{0};
+  UnloadReport unload;  // a detach with DetachOptions::unload
 };
 
 // The agent's view of a process (the truth about its session).
@@ -72,6 +96,12 @@ class Controller {
   // Detaches the tools from `pid` (whoever attached them); pid 0 detaches
   // every session this controller made (the last error is returned).
   Result<void> detach(pid_t pid, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  // The same, with options: opts.unload also takes the tools and the agent
+  // out of the process (see DetachOptions). A tool that stays loaded is
+  // named in the report and is no failure; an agent of an older Remora
+  // (loaded RTLD_NODELETE) fails with kNotSupported after its detach. pid 0:
+  // every session, the reports merged, the last error returned.
+  Result<UnloadReport> detach(pid_t pid, const DetachOptions& opts);
 
   // Snapshots the tree under `root` breadth-first (through
   // /proc/PID/task/*/children), holds a pidfd for each process, and attaches
@@ -84,6 +114,7 @@ class Controller {
   // Detaches what attach_tree(root) attached.
   Result<std::vector<ProcessOutcome>> detach_tree(
       pid_t root, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  Result<std::vector<ProcessOutcome>> detach_tree(pid_t root, const DetachOptions& opts);
 
   // Reads the agent's state in `pid` (no thread is stopped).
   static Result<AgentState> status(pid_t pid);
@@ -99,7 +130,7 @@ class Controller {
   Result<std::shared_ptr<Session>> session_for(pid_t pid, bool create);
   Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<ProcessOutcome> attach_steps(pid_t pid, int pidfd, const AttachOptions& opts);
-  Result<void> detach_one(pid_t pid, std::chrono::milliseconds timeout);
+  Result<UnloadReport> detach_one(pid_t pid, const DetachOptions& opts);
 
   mutable std::mutex mu_;
   std::map<pid_t, std::shared_ptr<Session>> sessions_;

@@ -76,6 +76,7 @@ static_assert(REMORA_STATUS_LAST == static_cast<int>(Errc::kAlreadyAttached) + 1
 // v1 layouts, frozen: the smallest `size` a caller may pass.
 constexpr size_t kOptionsV1Size = offsetof(remora_options_t, agent_path) + sizeof(const char*);
 constexpr size_t kStateMinSize = offsetof(remora_agent_state_t, agent_loaded) + sizeof(bool);
+constexpr size_t kDetachOptionsV1Size = sizeof(remora_detach_options_t);
 
 remora_status_t fail(remora_status_t st, std::string message) {
   t_last_error = std::move(message);
@@ -159,6 +160,17 @@ remora_status_t report(const char* what, pid_t root, Result<std::vector<attach::
 remora_status_t attach_tree(pid_t root, const attach::AttachOptions& opts) {
   auto r = controller().attach_tree(root, opts);
   return report("attach tree", root, r);
+}
+
+// Appends "PID PATH\n" per kept tool to `out` (NUL-terminated, cut at a line).
+void add_kept(char* out, size_t cap, pid_t pid, const attach::UnloadReport& u) {
+  size_t used = std::strlen(out);
+  for (const auto& t : u.kept_tools) {
+    std::string line = std::to_string(pid) + " " + t + "\n";
+    if (used + line.size() + 1 > cap) return;
+    std::memcpy(out + used, line.c_str(), line.size() + 1);
+    used += line.size();
+  }
 }
 
 remora_status_t check_pid(pid_t pid, bool zero_ok) {
@@ -259,6 +271,61 @@ REMORA_API remora_status_t remora_detach(pid_t pid) {
     }
     if (failed == 0) return REMORA_STATUS_SUCCESS;
     return fail(last, "detach all: " + std::to_string(failed) + " of " + std::to_string(total) +
+                          " processes failed" + lines);
+  });
+}
+
+REMORA_API remora_status_t remora_detach_options_init_sized(remora_detach_options_t* opts, size_t size) {
+  return fenced("remora_detach_options_init", [&] {
+    if (!opts)
+      return fail(REMORA_STATUS_INVALID_ARGUMENT, "remora_detach_options_init: options pointer is NULL");
+    if (size < kDetachOptionsV1Size)
+      return fail(REMORA_STATUS_INVALID_ARGUMENT, "remora_detach_options_init: size " + std::to_string(size) +
+                                                      " is smaller than remora_detach_options_t (" +
+                                                      std::to_string(kDetachOptionsV1Size) + ")");
+    std::memset(static_cast<void*>(opts), 0, size);  // later fields read 0 as "default"
+    opts->size = static_cast<uint32_t>(size);
+    opts->timeout_msec = 10000;
+    return REMORA_STATUS_SUCCESS;
+  });
+}
+
+REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t* opts) {
+  return fenced("remora_detach_with", [&] {
+    if (!opts || opts->size < kDetachOptionsV1Size)
+      return fail(
+          REMORA_STATUS_INVALID_ARGUMENT,
+          "remora_detach_with: options NULL or too small; initialise them with remora_detach_options_init");
+    if (check_pid(pid, !opts->children) != REMORA_STATUS_SUCCESS) return REMORA_STATUS_INVALID_ARGUMENT;
+    if ((opts->flags & ~REMORA_DETACH_UNLOAD) != 0)
+      return fail(REMORA_STATUS_INVALID_ARGUMENT, "remora_detach_with: unknown flags " +
+                                                      std::to_string(opts->flags & ~REMORA_DETACH_UNLOAD) +
+                                                      " (this library knows REMORA_DETACH_UNLOAD)");
+    attach::DetachOptions d;
+    if (opts->timeout_msec != 0) d.timeout = std::chrono::milliseconds(opts->timeout_msec);
+    d.unload = (opts->flags & REMORA_DETACH_UNLOAD) != 0;
+    opts->kept_tools[0] = '\0';
+    if (opts->children) {
+      auto r = controller().detach_tree(pid, d);
+      if (r)
+        for (const auto& o : *r) add_kept(opts->kept_tools, sizeof opts->kept_tools, o.pid, o.unload);
+      return report(d.unload ? "detach and unload tree" : "detach tree", pid, r);
+    }
+    std::vector<pid_t> pids = pid != 0 ? std::vector<pid_t>{pid} : controller().sessions();
+    remora_status_t last = REMORA_STATUS_SUCCESS;
+    std::string lines;
+    size_t failed = 0;
+    for (pid_t p : pids) {
+      auto r = controller().detach(p, d);
+      if (r) add_kept(opts->kept_tools, sizeof opts->kept_tools, p, *r);
+      if (r || (pid == 0 && r.error().code() == Errc::kNotAttached)) continue;
+      if (pid != 0) return fail(r.error());
+      ++failed;
+      last = to_status(r.error().code());
+      lines += "\n  pid " + std::to_string(p) + ": " + r.error().to_string();
+    }
+    if (failed == 0) return REMORA_STATUS_SUCCESS;
+    return fail(last, "detach all: " + std::to_string(failed) + " of " + std::to_string(pids.size()) +
                           " processes failed" + lines);
   });
 }

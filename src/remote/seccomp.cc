@@ -532,7 +532,7 @@ std::vector<PlannedSyscall> engine_syscalls(const EnginePlan& plan) {
 
 std::span<const PlannedSyscall> agent_load_syscalls() {
   // From `strace -f` of pthread_create + dlopen(libremora-agent.so,
-  // RTLD_NOW | RTLD_NODELETE) on a fresh thread, as remora attach does it
+  // RTLD_NOW) on a fresh thread, as remora attach does it
   // (Debian 12, glibc 2.36), in the order made:
   //   pthread_create   rt_sigaction + rt_sigprocmask (the first thread of a
   //                    process: SIGCANCEL), mmap + mprotect (the stack),

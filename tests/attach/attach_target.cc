@@ -47,22 +47,23 @@ using namespace remora_target;
 // exiter mode and X of the tree: the process exits while the agent's
 // constructor runs, that is after the controller loaded the agent and before
 // it could call it. Deterministic, unlike watching /proc/self/maps: the
-// agent's constructor sets its listener's stack size, and this executable
-// (linked with -rdynamic) interposes libc's pthread_attr_setstacksize for
-// every object. Should the agent stop calling it, X no longer exits and the
-// tests that use it fail loudly ("the attach succeeded although...").
+// agent's constructor gives its listener a stack of its own
+// (pthread_attr_setstack), and this executable (linked with -rdynamic)
+// interposes libc's pthread_attr_setstack for every object. Should the agent
+// stop calling it, X no longer exits and the tests that use it fail loudly
+// ("the attach succeeded although...").
 static bool g_exit_in_agent = false;
 
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) noexcept {
-  using Fn = int (*)(pthread_attr_t*, size_t);
-  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+extern "C" int pthread_attr_setstack(pthread_attr_t* attr, void* stack, size_t size) noexcept {
+  using Fn = int (*)(pthread_attr_t*, void*, size_t);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstack"));
   if (g_exit_in_agent) {
     Dl_info info{};
     if (dladdr(__builtin_return_address(0), &info) != 0 && info.dli_fname != nullptr &&
         strstr(info.dli_fname, "libremora-agent") != nullptr)
       _exit(0);
   }
-  return real(attr, size);
+  return real(attr, stack, size);
 }
 
 namespace {

@@ -1,4 +1,5 @@
 // The C API of libremora.so (include/remora/remora.h), linked directly.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -214,6 +215,57 @@ TEST_F(RemoraCapiTest, BadOptionsAreInvalidArguments) {
   // A failed attach leaves nothing attached.
   EXPECT_FALSE(status_of(pid).attached);
   EXPECT_EQ(t.finish(), 0);
+}
+
+TEST_F(RemoraCapiTest, DetachWithUnloadTakesTheAgentOut) {
+  TargetTree t(1);
+  ASSERT_TRUE(t.wait_ready());
+  pid_t pid = t.root();
+  auto fds = [](pid_t p) {
+    size_t n = 0;
+    std::string dir = "/proc/" + std::to_string(p) + "/fd";
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+      ::closedir(d);
+    }
+    return n;
+  };
+  const size_t fds_before = fds(pid);
+  opts_.attach_children = true;
+  opts_.lease = true;
+  ASSERT_EQ(remora_attach(pid, &opts_), REMORA_STATUS_SUCCESS) << remora_last_error();
+
+  remora_detach_options_t d;
+  std::memset(&d, 0xab, sizeof d);
+  ASSERT_EQ(remora_detach_options_init(&d), REMORA_STATUS_SUCCESS);
+  EXPECT_EQ(d.size, sizeof d);
+  EXPECT_EQ(d.timeout_msec, 10000u);
+  EXPECT_EQ(d.flags, 0u);
+  EXPECT_FALSE(d.children);
+  EXPECT_EQ(remora_detach_options_init_sized(&d, 4), REMORA_STATUS_INVALID_ARGUMENT);
+  ASSERT_EQ(remora_detach_options_init(&d), REMORA_STATUS_SUCCESS);
+  d.flags = 0x80;
+  EXPECT_EQ(remora_detach_with(pid, &d), REMORA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(remora_last_error()).find("REMORA_DETACH_UNLOAD"), std::string::npos);
+
+  d.flags = REMORA_DETACH_UNLOAD;
+  d.children = true;
+  ASSERT_EQ(remora_detach_with(pid, &d), REMORA_STATUS_SUCCESS) << remora_last_error();
+  EXPECT_STREQ(d.kept_tools, "");
+  for (pid_t p : t.pids()) {
+    EXPECT_EQ(count_hook(log_, "tool_fini", p), 1) << p << "\n" << dump(log_);
+    EXPECT_FALSE(status_of(p).agent_loaded) << p;
+  }
+  EXPECT_EQ(fds(pid), fds_before);
+  // Nothing left to unload; a re-attach loads the agent afresh.
+  d.children = false;
+  EXPECT_EQ(remora_detach_with(pid, &d), REMORA_STATUS_NOT_ATTACHED);
+  opts_.attach_children = false;
+  ASSERT_EQ(remora_attach(pid, &opts_), REMORA_STATUS_SUCCESS) << remora_last_error();
+  EXPECT_EQ(status_of(pid).sessions, 1u);
+  ASSERT_EQ(remora_detach_with(0, &d), REMORA_STATUS_SUCCESS) << remora_last_error();
+  EXPECT_FALSE(status_of(pid).agent_loaded);
+  EXPECT_EQ(count_hook(log_, "configure", pid), 2) << dump(log_);
 }
 
 TEST_F(RemoraCapiTest, StatusWritesOnlyWhatTheCallerSizeHolds) {

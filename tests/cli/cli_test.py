@@ -607,6 +607,93 @@ def test_rocattach_doc_example(tmp):
     tree.stop()
 
 
+def proc_state(pid):
+    """(open descriptors, /proc/PID/maps lines) of a process."""
+    return sorted(os.listdir("/proc/%d/fd" % pid)), open("/proc/%d/maps" % pid).read().splitlines()
+
+
+def remora_maps(lines):
+    """Lines naming Remora's agent or tool, a memfd or a scratch mapping."""
+    marks = ("libremora-", "remora-hook-tool", "memfd:", "anon:remora")
+    return [l for l in lines if any(m in l for m in marks)]
+
+
+def libc_own(line, before):
+    """Memory of glibc's malloc that an unload leaves, being the allocator's
+    and not Remora's: a thread arena (a 64 MiB-aligned anonymous heap, made by
+    the first thread that mallocs while none is free; glibc never unmaps one)
+    and the [heap] of a process that had never called malloc before (the
+    pthread_create that starts the loader thread allocates)."""
+    f = line.split()
+    if f[-1] == "[heap]":
+        return not any(l.endswith("[heap]") for l in before)
+    if len(f) != 5 or f[4] != "0":
+        return False  # named or file-backed
+    start, end = (int(x, 16) for x in f[0].split("-"))
+    heap_max = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: heaps are aligned to it
+    return (f[1] == "rw-p" and start % heap_max == 0) or (f[1] == "---p" and end % heap_max == 0)
+
+
+def check_back(pids, before, what):
+    """Every pid has its descriptors back, and its maps the lines it had, save
+    glibc's own malloc memory (libc_own). Prints what differs."""
+    for pid in pids:
+        fds, maps = proc_state(pid)
+        added = [l for l in maps if l not in before[pid][1]]
+        gone = [l for l in before[pid][1] if l not in maps]
+        libc = [l for l in added if libc_own(l, before[pid][1])]
+        print("  [unload] %s: pid %d fds %d -> %d, maps lines %d -> %d; glibc's malloc memory left: %s" %
+              (what, pid, len(before[pid][0]), len(fds), len(before[pid][1]), len(maps), libc or "none"), flush=True)
+        check(fds == before[pid][0], "%s: pid %d has its descriptors back" % (what, pid),
+              "before %s, after %s" % (before[pid][0], fds))
+        check(remora_maps(maps) == [], "%s: nothing of Remora's is mapped in pid %d" % (what, pid),
+              "\n".join(remora_maps(maps)))
+        check(len(maps) - len(libc) == len(before[pid][1]),
+              "%s: pid %d has its mappings back (but for glibc's malloc memory)" % (what, pid),
+              "added:\n%s\ngone:\n%s" % ("\n".join(added), "\n".join(gone)))
+
+
+def test_detach_unload(tmp):
+    tree = Tree(tmp, 1)
+    log = os.path.join(tmp, "hook.log")
+    before = {pid: proc_state(pid) for pid in tree.pids}
+    rc, out, err = remora("attach", "-p", tree.pid, "-t", ARGS.hook_tool, "-e", "REMORA_HOOK_LOG=" + log, "--keep")
+    check(rc == 0, "attach --keep succeeds", show(rc, out, err))
+    rc, out, err = remora("detach", "-p", tree.pid, "--unload")
+    check(rc == 0 and "unloaded" in out, "detach --unload of the root succeeds", show(rc, out, err))
+    check(count(hook_events(log), tree.pid, "tool_fini") == 1, "the root's tool ran tool_fini", open(log).read())
+    rows = status_rows(tree.pid, tree=True)
+    check(rows[tree.pid]["agent"] == "no", "status: no agent in the root after the unload", str(rows))
+    check(rows[tree.pids[1]]["attached"] == "yes", "status: the child stays attached", str(rows))
+    # The child: detached first, then unloaded by a second invocation.
+    rc, out, err = remora("detach", "-p", tree.pids[1])
+    check(rc == 0, "plain detach of the child", show(rc, out, err))
+    rc, out, err = remora("detach", "-p", tree.pid, "--tree", "--unload")
+    check(rc == 0, "detach --tree --unload succeeds", show(rc, out, err))
+    check(re.search(r"^\s+%d\s+\S+\s+detached, unloaded" % tree.pids[1], out, re.M),
+          "the child is listed as unloaded", out)
+    check(re.search(r"^\s+%d\s+\S+\s+not attached" % tree.pid, out, re.M), "the root has nothing left", out)
+    check_back(tree.pids, before, "detach --unload")
+    rc, out, err = remora("detach", "-p", tree.pid, "--unload")
+    check(rc == 13, "detach --unload with no agent exits 13", show(rc, out, err))
+    # A re-attach loads a fresh agent.
+    rc, out, err = remora("attach", "-p", tree.pid, "-t", ARGS.hook_tool, "-e", "REMORA_HOOK_LOG=" + log, "-d", 50,
+                          "--unload")
+    check(rc == 0 and "unloaded Remora" in out, "attach -d 50 --unload after an unload", show(rc, out, err))
+    ev = hook_events(log)
+    for pid in tree.pids:
+        check(count(ev, pid, "configure") == 2 and count(ev, pid, "tool_fini") == 2,
+              "pid %d: the tool was loaded afresh and unloaded again" % pid, open(log).read())
+    check_back(tree.pids, before, "attach --unload")
+    tree.stop()
+
+
+def test_attach_unload_with_keep_is_a_usage_error(tmp):
+    rc, out, err = remora("attach", "-p", os.getpid(), "--keep", "--unload")
+    check(rc == 1 and "--unload" in err, "attach --keep --unload is refused as a usage error (exit 1)",
+          show(rc, out, err))
+
+
 TESTS = [v for k, v in list(globals().items()) if k.startswith("test_")]
 
 
