@@ -1,7 +1,12 @@
-// Unit tests of the default tool's pure parts: settings and output writers.
+// Unit tests of the default tool's pure parts: settings, output writers and
+// names (perf maps, the summary's short names, the program's name).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +18,7 @@
 
 #include "config.h"
 #include "profile.h"
+#include "symbolize.h"
 
 // wrappers.c calls this; nothing is recorded in the unit tests.
 extern "C" void remora_record_call(uint32_t, uint64_t, uint64_t) {}
@@ -387,6 +393,373 @@ TEST(DefaultToolReport, EmptyProfileStillValid) {
   std::string cmd = "python3 " REMORA_CHECK_SCRIPT " " + d;
   EXPECT_EQ(system(cmd.c_str()), 0);
   std::filesystem::remove_all(d);
+}
+
+// ---- names ----
+
+TEST(DefaultToolPerfMap, ParsesLines) {
+  struct Case {
+    const char* line;
+    bool ok;
+    uint64_t start, size;
+    const char* name;
+  };
+  const Case cases[] = {
+      {"7f00 10 foo", true, 0x7f00, 0x10, "foo"},
+      {"0x7f00 0x10 foo", true, 0x7f00, 0x10, "foo"},
+      {"0X7F00 0XaB Foo", true, 0x7f00, 0xab, "Foo"},
+      {"1d33c670aba6 2a JS:~work /tmp/a b.js:1:29", true, 0x1d33c670aba6, 0x2a, "JS:~work /tmp/a b.js:1:29"},
+      {"7f00\t10\tname\twith tab", true, 0x7f00, 0x10, "name\twith tab"},
+      {"  7f00  10   foo  \r", true, 0x7f00, 0x10, "foo"},
+      {"ffffffffffffff00 ff top", true, 0xffffffffffffff00, 0xff, "top"},
+      {"ffffffffffffff00 100 past the end", false, 0, 0, nullptr},
+      {"12345678901234567 1 seventeen digits", false, 0, 0, nullptr},
+      {"7f00 0 empty", false, 0, 0, nullptr},
+      {"7f00 10", false, 0, 0, nullptr},
+      {"7f00 10 ", false, 0, 0, nullptr},
+      {"7f00 10 \r", false, 0, 0, nullptr},
+      {"7f00 foo", false, 0, 0, nullptr},
+      {"7f00foo 10 x", false, 0, 0, nullptr},
+      {"0x 10 foo", false, 0, 0, nullptr},
+      {"zz 10 foo", false, 0, 0, nullptr},
+      {"-10 10 foo", false, 0, 0, nullptr},
+      {"", false, 0, 0, nullptr},
+  };
+  for (const Case& c : cases) {
+    PerfMapLine l;
+    ASSERT_EQ(parse_perf_map_line(c.line, &l), c.ok) << "'" << c.line << "'";
+    if (!c.ok) continue;
+    EXPECT_EQ(l.start, c.start) << c.line;
+    EXPECT_EQ(l.size, c.size) << c.line;
+    EXPECT_EQ(l.name, c.name) << c.line;
+  }
+}
+
+// The last entry for an address wins, whatever the chunks the map arrives
+// in: the map is fed split at every offset.
+TEST(DefaultToolPerfMap, LastEntryWinsAcrossAnySplit) {
+  const std::string map =
+      "1000 100 first\n"
+      "garbage line\n"
+      "1080 10 moved here\r\n"
+      "2000 10 other\n"
+      "1000 40 replaced\n"
+      "3000 1 last, without newline";
+  const std::vector<uint64_t> pcs = {0x1000, 0x103f, 0x1040, 0x1085, 0x1090, 0x10ff,
+                                     0x1100, 0x2005, 0x3000, 0x3001, 0xfff,  0x1085};
+  for (size_t cut = 0; cut <= map.size(); ++cut) {
+    PerfMapNames names(pcs);
+    names.feed(std::string_view(map).substr(0, cut));
+    names.feed(std::string_view(map).substr(cut));
+    names.finish();
+    auto name = [&](uint64_t pc) {
+      const std::string* n = names.find(pc);
+      return n ? *n : std::string("-");
+    };
+    SCOPED_TRACE("split at " + std::to_string(cut));
+    EXPECT_EQ(name(0x1000), "replaced");
+    EXPECT_EQ(name(0x103f), "replaced");
+    EXPECT_EQ(name(0x1040), "first");
+    EXPECT_EQ(name(0x1085), "moved here");
+    EXPECT_EQ(name(0x1090), "first");
+    EXPECT_EQ(name(0x10ff), "first");
+    EXPECT_EQ(name(0x1100), "-") << "the end is exclusive";
+    EXPECT_EQ(name(0x2005), "other");
+    EXPECT_EQ(name(0x3000), "last, without newline");
+    EXPECT_EQ(name(0x3001), "-");
+    EXPECT_EQ(name(0xfff), "-");
+    EXPECT_EQ(name(0x4242), "-") << "not one of the PCs asked for";
+    EXPECT_EQ(names.lines(), 6u);
+    EXPECT_EQ(names.malformed(), 1u);
+    EXPECT_EQ(names.named(), 8u);
+  }
+}
+
+TEST(DefaultToolPerfMap, OverlongLinesAreSkipped) {
+  PerfMapNames names({0x10, 0x20});
+  std::string huge = "10 1 " + std::string(PerfMapNames::kMaxLine, 'x') + "\n";
+  for (size_t i = 0; i < huge.size(); i += 1000) names.feed(std::string_view(huge).substr(i, 1000));
+  names.feed("20 1 ");
+  names.feed(std::string(2000, 'y'));  // longer than kMaxName, within kMaxLine
+  names.feed("\n");
+  names.finish();
+  EXPECT_EQ(names.find(0x10), nullptr);
+  ASSERT_NE(names.find(0x20), nullptr);
+  EXPECT_EQ(*names.find(0x20), std::string(PerfMapNames::kMaxName, 'y'));
+  EXPECT_EQ(names.lines(), 2u);
+  EXPECT_EQ(names.malformed(), 1u);
+}
+
+// A temporary directory, removed however the test ends.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/remora-tool-unit-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// A map bigger than the cap: only its end is read (the newest entries),
+// from a line boundary, and the reader says so.
+TEST(DefaultToolPerfMap, ReadsOnlyTheEndOfAHugeMap) {
+  TempDir tmp;
+  const std::string& d = tmp.path;
+  std::string path = d + "/perf-1.map";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  // 0x1000 is named "old" early, then renamed "new" by an entry at the end.
+  fprintf(f, "1000 10 old\n");
+  for (int i = 0; i < 10000; ++i) fprintf(f, "%x 1 filler %d\n", 0x100000 + i, i);
+  fprintf(f, "2000 10 early\n");
+  for (int i = 0; i < 10000; ++i) fprintf(f, "%x 1 filler %d\n", 0x200000 + i, i);
+  fprintf(f, "1000 10 new\n3000 10 newest\n");
+  ASSERT_EQ(fclose(f), 0);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+
+  PerfMapNames names({0x1000, 0x2000, 0x3000, 0x100000, 0x200000 + 9999});
+  const size_t cap = 64 * 1024;
+  ASSERT_GT(static_cast<size_t>(st.st_size), cap);
+  PerfMapRead r = read_perf_map(path, cap, &names);
+  EXPECT_TRUE(r.found);
+  EXPECT_TRUE(r.capped);
+  EXPECT_EQ(r.file_size, static_cast<uint64_t>(st.st_size));
+  EXPECT_TRUE(r.problem.empty()) << r.problem;
+  ASSERT_NE(names.find(0x1000), nullptr);
+  EXPECT_EQ(*names.find(0x1000), "new");
+  ASSERT_NE(names.find(0x3000), nullptr);
+  EXPECT_EQ(*names.find(0x3000), "newest");
+  ASSERT_NE(names.find(0x200000 + 9999), nullptr);
+  EXPECT_EQ(names.find(0x2000), nullptr) << "before the last 64 KiB";
+  EXPECT_EQ(names.find(0x100000), nullptr) << "before the last 64 KiB";
+  EXPECT_EQ(names.malformed(), 0u) << "reading starts at a line boundary";
+  EXPECT_LE(names.lines(), cap / 10);
+
+  // The whole file when it fits.
+  PerfMapNames all({0x2000, 0x100000});
+  r = read_perf_map(path, 1 << 20, &all);
+  EXPECT_TRUE(r.found);
+  EXPECT_FALSE(r.capped);
+  ASSERT_NE(all.find(0x2000), nullptr);
+  EXPECT_EQ(*all.find(0x2000), "early");
+  EXPECT_EQ(all.malformed(), 0u);
+
+  // A cut that falls right after a newline loses no line.
+  std::string exact = d + "/perf-2.map";
+  f = fopen(exact.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fprintf(f, "1000 10 dropped\n3000 10 kept\n");  // 16 + 13 bytes
+  ASSERT_EQ(fclose(f), 0);
+  PerfMapNames tail({0x1000, 0x3000});
+  r = read_perf_map(exact, 13, &tail);
+  EXPECT_TRUE(r.capped);
+  EXPECT_EQ(tail.find(0x1000), nullptr);
+  ASSERT_NE(tail.find(0x3000), nullptr);
+  EXPECT_EQ(*tail.find(0x3000), "kept");
+}
+
+TEST(DefaultToolPerfMap, AbsentOrNotARegularFile) {
+  TempDir tmp;
+  const std::string& d = tmp.path;
+  PerfMapNames names({0x1000});
+  PerfMapRead r = read_perf_map(d + "/perf-none.map", kMaxPerfMapBytes, &names);
+  EXPECT_FALSE(r.found);
+  EXPECT_TRUE(r.problem.empty()) << "an absent map is not a problem: " << r.problem;
+  // A FIFO nobody writes: refused at once, never a blocked detach (the
+  // test's own deadline is ctest's TIMEOUT).
+  std::string fifo = d + "/perf-fifo.map";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  r = read_perf_map(fifo, kMaxPerfMapBytes, &names);
+  EXPECT_FALSE(r.found);
+  EXPECT_NE(r.problem.find("not a regular file"), std::string::npos) << r.problem;
+  r = read_perf_map(d, kMaxPerfMapBytes, &names);
+  EXPECT_FALSE(r.found);
+  EXPECT_NE(r.problem.find("not a regular file"), std::string::npos) << r.problem;
+}
+
+// A map of 100 MB with the real cap: what the detach costs the target.
+TEST(DefaultToolPerfMap, HundredMegabyteMapIsBounded) {
+  TempDir tmp;
+  const std::string& d = tmp.path;
+  std::string path = d + "/perf-big.map";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::vector<uint64_t> pcs;
+  char line[128];
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; bytes < (100u << 20); ++i) {
+    uint64_t start = 0x7f0000000000 + i * 0x40;
+    int n = snprintf(line, sizeof line, "%" PRIx64 " 40 JS:*function_%" PRIu64 " /srv/app/file.js:1:1\n",
+                     start, i);
+    fwrite(line, 1, static_cast<size_t>(n), f);
+    bytes += static_cast<uint64_t>(n);
+    if (i % 1000 == 0) pcs.push_back(start + 8);
+  }
+  ASSERT_EQ(fclose(f), 0);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  PerfMapNames names(pcs);
+  PerfMapRead r = read_perf_map(path, kMaxPerfMapBytes, &names);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+  double ms =
+      static_cast<double>(t1.tv_sec - t0.tv_sec) * 1e3 + static_cast<double>(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  EXPECT_TRUE(r.capped);
+  EXPECT_LE(names.lines() * 40, static_cast<uint64_t>(kMaxPerfMapBytes)) << "read no more than the cap";
+  EXPECT_GT(names.named(), pcs.size() / 4);
+  EXPECT_LT(names.named(), pcs.size() / 2) << "the first 68 MB were not read";
+  printf("100 MiB perf map, %zu PCs: %.1f ms of CPU, %zu named, %" PRIu64 " lines read\n", pcs.size(), ms,
+         names.named(), names.lines());
+  EXPECT_LT(ms, 2000.0) << "generous: a shared, loaded machine";
+}
+
+TEST(DefaultToolSummary, CollapsesTemplateArguments) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"std::vector<std::pair<int, std::string>>::push_back(std::pair<int, std::string> const&)",
+       "std::vector<...>::push_back(std::pair<int, std::string> const&)"},
+      {"std::vector<std::pair<int, std::string>>::push_back(std::pair<int, std::__cxx11::string> const&)",
+       "std::vector<...>::push_back(std::pair<...> const&)"},
+      {"std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_append(char "
+       "const*, unsigned long)",
+       "std::__cxx11::basic_string<...>::_M_append(char const*, unsigned long)"},
+      {"std::map<int, int>::find(int const&)", "std::map<int, int>::find(int const&)"},
+      {"void f<int>(int)", "void f<int>(int)"},
+      {"f<aaaaaaaaaaaaaaaaaaaa>()", "f<aaaaaaaaaaaaaaaaaaaa>()"},  // 20 characters: kept
+      {"f<aaaaaaaaaaaaaaaaaaaaa>()", "f<...>()"},                  // 21
+      {"A<B<int>>::g()", "A<...>::g()"},                           // nested, however short
+      {"bool operator<(A const&, A const&)", "bool operator<(A const&, A const&)"},
+      {"std::ostream& operator<<(std::ostream&, Foo const&)",
+       "std::ostream& operator<<(std::ostream&, Foo const&)"},
+      {"X::operator<<=(int)", "X::operator<<=(int)"},
+      {"X::operator>>(int)", "X::operator>>(int)"},
+      {"X::operator<=>(X const&) const", "X::operator<=>(X const&) const"},
+      {"X::operator->() const", "X::operator->() const"},
+      {"bool operator< <int>(V<int> const&, V<int> const&)",
+       "bool operator< <int>(V<int> const&, V<int> const&)"},
+      {"bool operator< <std::vector<int>>(V const&)", "bool operator< <...>(V const&)"},
+      {"bool operator><std::vector<int>>(V const&)", "bool operator><...>(V const&)"},
+      {"std::less<void>::operator()<std::pair<int, int> const&>(A, B) const",
+       "std::less<void>::operator()<...>(A, B) const"},
+      {"Foo::operator std::vector<int, std::allocator<int> >() const",
+       "Foo::operator std::vector<...>() const"},
+      {"operators<std::map<int, int>>()", "operators<...>()"},
+      {"main::{lambda(int)#1}::operator()(int) const", "main::{lambda(int)#1}::operator()(int) const"},
+      {"void std::sort<main::{lambda(int, int)#2}>(main::{lambda(int, int)#2})",
+       "void std::sort<...>(main::{lambda(int, int)#2})"},
+      {"std::function<void (std::vector<int>)>::operator()(std::vector<int>) const",
+       "std::function<...>::operator()(std::vector<int>) const"},
+      {"C<(1>2)>::f()", "C<(1>2)>::f()"},
+      {"std::__cxx11::basic_string[abi:cxx11]<char, std::char_traits<char> >",
+       "std::__cxx11::basic_string[abi:cxx11]<...>"},
+      {"JS:*<anonymous> /srv/app.js:1:1", "JS:*<anonymous> /srv/app.js:1:1"},
+      {"java.lang.Object::<init>", "java.lang.Object::<init>"},
+      {"unbalanced<std::vector<int>", "unbalanced<std::vector<int>"},
+      {"a > b < c", "a > b < c"},
+      {"[unknown]+0x7f00", "[unknown]+0x7f00"},
+      {"", ""},
+  };
+  for (const auto& [in, want] : cases) EXPECT_EQ(collapse_template_args(in), want) << in;
+}
+
+std::string summary_of(const Profile& p) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  EXPECT_NE(f, nullptr);
+  EXPECT_TRUE(write_summary(p, "/out", f));
+  fclose(f);
+  std::string s(buf, len);
+  free(buf);
+  return s;
+}
+
+TEST(DefaultToolSummary, ShortNamesInTheSummaryFullNamesInTheFiles) {
+  Profile p;
+  p.comm = "prog";
+  p.sampling = true;
+  const std::string push =
+      "std::vector<std::pair<int, std::string>>::push_back(std::pair<int, std::string> const&)";
+  const std::string f_int = "void process<std::vector<int>>(int)";
+  const std::string f_long = "void process<std::vector<long>>(int)";
+  p.stacks = {{"main", push}, {"main", f_int}, {"main", f_long}};
+  p.stack_weights = {{{1, 0}, 5}, {{1, 1}, 3}, {{1, 2}, 2}};
+  p.threads = {{1, "main"}};
+  std::string s = summary_of(p);
+  EXPECT_NE(s.find("  std::vector<...>::push_back(std::pair<int, std::string> const&)\n"), std::string::npos)
+      << s;
+  EXPECT_EQ(s.find(push), std::string::npos) << s;
+  // Collapsed, the two instantiations would read the same: both stay whole.
+  EXPECT_NE(s.find("  " + f_int + "\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("  " + f_long + "\n"), std::string::npos) << s;
+  EXPECT_EQ(s.find("process<...>"), std::string::npos) << s;
+  // The files keep every name whole.
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(write_stats_csv(p, f));
+  EXPECT_TRUE(write_folded(p, f));
+  fclose(f);
+  std::string files(buf, len);
+  free(buf);
+  EXPECT_NE(files.find(push), std::string::npos) << files;
+  EXPECT_EQ(files.find("<...>"), std::string::npos) << files;
+}
+
+TEST(DefaultToolProgramName, TheNameItWasStartedBy) {
+  // The files of a fake system: each path -> whether it is the running file.
+  const std::map<std::string, bool> files = {
+      {"/usr/bin/redis-server", true},  // a symlink to redis-check-rdb
+      {"/usr/bin/redis-check-rdb", true},
+      {"/usr/local/bin/redis-server", false},  // another redis, earlier on $PATH
+      {"/opt/app/bin/remora-started-through-a-link", true},
+      {"/usr/bin/python3", true},
+      {"./run", true},
+      {"remora-started-through-a-link", true},  // relative: in the current directory
+  };
+  auto is_exe = [&](const std::string& path) {
+    auto it = files.find(path);
+    return it != files.end() && it->second;
+  };
+  struct Case {
+    std::string cmdline, comm, exe, path_env, want, why;
+  };
+  const std::string nul(1, '\0');
+  const Case cases[] = {
+      {"/usr/bin/redis-server" + nul + "/etc/redis.conf" + nul, "redis-check-rdb", "/usr/bin/redis-check-rdb",
+       "/bin", "redis-server", "a symlink, comm from the file (execveat, Linux >= 6.14)"},
+      {"redis-server" + nul + "--port" + nul, "redis-server", "/usr/bin/redis-check-rdb",
+       "/usr/local/bin:/usr/bin", "redis-server", "through $PATH, past an entry that is another file"},
+      {"/usr/bin/redis-server 127.0.0.1:6379" + nul, "redis-check-rdb", "/usr/bin/redis-check-rdb", "",
+       "redis-server", "argv[0] rewritten by setproctitle"},
+      {"/opt/app/bin/remora-started-through-a-link" + nul, "remora-started-", "/opt/app/bin/real", "",
+       "remora-started-through-a-link", "longer than comm's 15 bytes"},
+      {"/opt/app/bin/remora-started-through-a-link" + nul, "3", "/opt/app/bin/real", "",
+       "remora-started-through-a-link", "execveat before Linux 6.14 named it after the fd"},
+      {"/usr/bin/python3" + nul + "./my-script.py" + nul, "my-script.py", "/usr/bin/python3.11", "",
+       "my-script.py", "a #! script: the kernel names it after the script"},
+      {"/usr/bin/python3" + nul + "-c" + nul, "python3", "/usr/bin/python3.11", "", "python3",
+       "an interpreter started by its link"},
+      {"/usr/bin/redis-server" + nul, "worker", "/usr/bin/redis-check-rdb", "", "worker",
+       "renamed itself (PR_SET_NAME)"},
+      {"bogus-name" + nul, "remora-started-", "/opt/app/bin/real", "/usr/bin", "remora-started-",
+       "argv[0] names no file: comm"},
+      {"/usr/local/bin/redis-server" + nul, "redis-check-rdb", "/usr/bin/redis-check-rdb", "",
+       "redis-check-rdb", "argv[0] is another file: comm"},
+      {"remora-started-through-a-link" + nul, "remora-started-", "/home/u/real", "/usr/bin::/bin",
+       "remora-started-through-a-link", "an empty $PATH entry is the current directory"},
+      {"./run" + nul, "run", "/home/u/run (deleted)", "", "run", "a binary deleted since it started"},
+      {"", "", "/usr/bin/redis-check-rdb (deleted)", "", "redis-check-rdb", "no argv[0], no comm: the exe"},
+      {"", "", "", "", "process", "nothing known"},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(choose_program_name(c.cmdline, c.comm, c.exe, c.path_env, is_exe), c.want) << c.why;
+}
+
+TEST(DefaultToolProgramName, ThisProcess) {
+  // Started by ctest as .../default_tool_unit_test: the file's own name.
+  EXPECT_EQ(program_name(), "default_tool_unit_test");
 }
 
 }  // namespace

@@ -80,6 +80,21 @@ bool write_summary(const Profile& p, const std::string& dir, FILE* out);
 std::string json_escape(const std::string& s);
 std::string xml_escape(const std::string& s);
 std::string csv_field(const std::string& s);  // quoted when needed (RFC 4180)
+// A C++ name shortened for the terminal summary (the files keep full names):
+// each outermost template argument list becomes "<...>", unless it is flat
+// (no list inside) and at most kShortTemplateArgs characters: short flat
+// lists tell instantiations apart (f<int>, std::map<int, int>), long or
+// nested ones are what makes names unreadable. So
+// "std::vector<std::pair<int, std::string>>::push_back(std::pair<int,
+// std::string> const&)" reads "std::vector<...>::push_back(std::pair<int,
+// std::string> const&)". A '<' opens a list only right after a name
+// ([A-Za-z0-9_], or the ']' of an ABI tag) or an operator's name
+// ("operator< <int>"); operator names themselves (operator<, operator<<=,
+// operator->, operator<=>), lambdas ({lambda(int)#1}) and other '<'
+// ("JS:*<anonymous>", Java's "::<init>") are left alone, as is a list with
+// no matching '>'. Pure.
+inline constexpr size_t kShortTemplateArgs = 20;
+std::string collapse_template_args(const std::string& name);
 // "frame;frame;frame" -> count, merged over threads unless fold_threads.
 std::map<std::string, uint64_t> folded_stacks(const Profile& p);
 

@@ -211,6 +211,102 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
+namespace {
+
+constexpr size_t kNpos = std::string_view::npos;
+
+bool name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// What "operator" can be followed by, longest spellings first, so that the
+// first match is the longest (operator<<= is not operator< then "<=").
+constexpr std::string_view kOperatorSymbols[] = {
+    "<=>", "<<=", ">>=", "->*", "()", "[]", "<<", ">>", "<=", ">=", "->", "==", "!=",
+    "&&",  "||",  "++",  "--",  "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<",
+    ">",   "+",   "-",   "*",   "/",  "%",  "^",  "&",  "|",  "~",  "!",  "=",  ","};
+
+// The length of the operator name ("operator" and its symbol) at s[i], or 0.
+// "operator new", "operator delete" and conversion operators are the bare
+// keyword: what follows is an ordinary name or type.
+size_t operator_at(std::string_view s, size_t i) {
+  constexpr std::string_view kKeyword = "operator";
+  if (s.substr(i, kKeyword.size()) != kKeyword || (i > 0 && name_char(s[i - 1]))) return 0;
+  size_t j = i + kKeyword.size();
+  if (j < s.size() && name_char(s[j])) return 0;  // "operators", "operator_x": a plain name
+  std::string_view rest = s.substr(j);
+  for (std::string_view sym : kOperatorSymbols)
+    if (rest.substr(0, sym.size()) == sym) return j + sym.size() - i;
+  return kKeyword.size();
+}
+
+// Whether the '<' at s[i] opens a template argument list: right after a
+// name or an ABI tag's ']', or after an operator's name (ending at `op_end`)
+// directly or past the one space the demangler puts after a '<'.
+bool opens_list(std::string_view s, size_t i, size_t op_end) {
+  if (op_end != kNpos && (i == op_end || (i == op_end + 1 && s[op_end] == ' '))) return true;
+  return i > 0 && (name_char(s[i - 1]) || s[i - 1] == ']');
+}
+
+// The '>' that closes the list opened at s[open], or kNpos. Brackets
+// inside parentheses (function types, expressions such as (a>b)) and
+// operator names do not count.
+size_t close_of(std::string_view s, size_t open) {
+  int depth = 0, parens = 0;
+  size_t op_end = kNpos;
+  for (size_t i = open; i < s.size(); ++i) {
+    if (size_t n = operator_at(s, i)) {
+      op_end = i + n;
+      i = op_end - 1;
+      continue;
+    }
+    char c = s[i];
+    if (c == '(') {
+      ++parens;
+    } else if (c == ')') {
+      if (parens > 0) --parens;
+    } else if (parens == 0 && c == '<' && (i == open || opens_list(s, i, op_end))) {
+      ++depth;
+    } else if (parens == 0 && c == '>' && --depth == 0) {
+      return i;
+    }
+  }
+  return kNpos;
+}
+
+}  // namespace
+
+std::string collapse_template_args(const std::string& name) {
+  std::string_view s = name;
+  std::string out;
+  out.reserve(s.size());
+  size_t op_end = kNpos;
+  for (size_t i = 0; i < s.size();) {
+    if (size_t n = operator_at(s, i)) {
+      out.append(s.substr(i, n));
+      i += n;
+      op_end = i;
+      continue;
+    }
+    if (s[i] == '<' && opens_list(s, i, op_end)) {
+      size_t close = close_of(s, i);
+      if (close == kNpos) {  // not a list after all: leave the rest as it is
+        out.append(s.substr(i));
+        break;
+      }
+      std::string_view inner = s.substr(i + 1, close - i - 1);
+      if (inner.find('<') == kNpos && inner.size() <= kShortTemplateArgs)
+        out.append(s.substr(i, close + 1 - i));
+      else
+        out += "<...>";
+      i = close + 1;
+      continue;
+    }
+    out += s[i++];
+  }
+  return out;
+}
+
 std::map<std::string, uint64_t> folded_stacks(const Profile& p) {
   std::map<std::string, uint64_t> out;
   for (const auto& [key, weight] : p.stack_weights) {
@@ -539,14 +635,21 @@ bool write_summary_raw(const Profile& p, const std::string& dir, FILE* out) {
 
   if (p.sampling) {
     fprintf(out, "\nHottest functions (self samples; inclusive in brackets):\n");
-    auto syms = symbol_counts(p);
-    int shown = 0;
-    for (const auto& s : syms) {
-      if (shown == 10 || s.self == 0) break;
-      fprintf(out, "  %2d. %6.2f%%  %8" PRIu64 "  [%6.2f%%]  %s\n", ++shown,
+    std::vector<SymbolCounts> syms = symbol_counts(p);
+    size_t shown = 0;
+    while (shown < syms.size() && shown < 10 && syms[shown].self != 0) ++shown;
+    // Template arguments collapsed, but two different functions never read
+    // the same (f<std::vector<int>> and f<std::vector<long>>): those keep
+    // their full names.
+    std::vector<std::string> labels;
+    std::map<std::string, int> uses;
+    for (size_t i = 0; i < shown; ++i) ++uses[labels.emplace_back(collapse_template_args(syms[i].name))];
+    for (size_t i = 0; i < shown; ++i) {
+      const SymbolCounts& s = syms[i];
+      fprintf(out, "  %2zu. %6.2f%%  %8" PRIu64 "  [%6.2f%%]  %s\n", i + 1,
               100.0 * static_cast<double>(s.self) / static_cast<double>(total ? total : 1), s.self,
               100.0 * static_cast<double>(s.inclusive) / static_cast<double>(total ? total : 1),
-              s.name.c_str());
+              uses[labels[i]] > 1 ? s.name.c_str() : labels[i].c_str());
     }
     if (shown == 0) fprintf(out, "  (no samples: the process used no CPU while attached)\n");
   }

@@ -437,6 +437,7 @@ bool write_file(const std::string& path, const std::function<bool(FILE*)>& fn, s
 int write_outputs(Tool& t) {
   Profile& p = t.profile;
   Symbolizer sym;
+  sym.name_jit_code(p.raw_stacks, &p.warnings);  // perf maps, for code in no object
   p.stacks.clear();
   p.stacks.reserve(p.raw_stacks.size());
   for (const auto& raw : p.raw_stacks) {
@@ -571,7 +572,8 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
   Profile& p = t.profile;
   p = Profile();
   p.pid = getpid();
-  p.comm = read_small_file("/proc/self/comm");
+  // As the user started it, not the file's or comm's name (symbolize.h).
+  p.comm = program_name();
   p.session = info != nullptr && info->size >= offsetof(remora_tool_info_t, session) + sizeof info->session
                   ? info->session
                   : 0;
