@@ -28,6 +28,8 @@
 #include "cli/session_args.h"
 #include "cli/session_support.h"
 
+extern char** environ;
+
 namespace remora::cli {
 namespace {
 
@@ -366,8 +368,12 @@ int ended_session_exit_code(const AttachCommandOptions& o, const std::vector<Att
 }
 
 int run_attach(const AttachCommandOptions& o) {
-  auto env = parse_env_list(o.env);
-  if (!env) return fail(env.error());
+  auto given = parse_env_list(o.env);
+  if (!given) return fail(given.error());
+  // The caller's REMORA_* and ROCP* variables reach the targets, as the C
+  // API's rocattach layer and the Python package forward them; -e wins.
+  std::optional<EnvList> env = forwarded_environment(environ);
+  for (auto& [name, value] : *given) set_env(*env, name, value);
   auto tools = select_tools(o.tools_given ? std::optional<std::string>(o.tools) : std::nullopt);
   if (!tools) return fail(tools.error());
   // Before anything is attached: a Ctrl-C from now on ends the session

@@ -36,6 +36,18 @@ Result<std::pair<std::string, std::string>> parse_env_assignment(std::string_vie
   return std::pair<std::string, std::string>(std::string(name), std::string(text.substr(eq + 1)));
 }
 
+std::vector<std::pair<std::string, std::string>> forwarded_environment(const char* const* envp) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* const* e = envp; e != nullptr && *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    if (!kv.starts_with("REMORA_") && !kv.starts_with("ROCP")) continue;
+    auto parsed = parse_env_assignment(kv);
+    if (!parsed) continue;
+    set_env(out, std::move(parsed->first), std::move(parsed->second));
+  }
+  return out;
+}
+
 void set_env(std::vector<std::pair<std::string, std::string>>& env, std::string name, std::string value) {
   for (auto& [n, v] : env) {
     if (n == name) {

@@ -29,6 +29,13 @@ void set_env(std::vector<std::pair<std::string, std::string>>& env, std::string 
 const std::string* find_env(const std::vector<std::pair<std::string, std::string>>& env,
                             std::string_view name);
 
+// The variables of `envp` (an environ-style array, NULL-terminated) that a
+// session forwards to its targets, as the C API's rocattach layer and the
+// Python package do: those whose name starts with REMORA_ or ROCP. Entries
+// without '=' and names that are not portable are skipped. Command-line -e
+// assignments are applied on top (set_env), so -e wins.
+std::vector<std::pair<std::string, std::string>> forwarded_environment(const char* const* envp);
+
 // `path` made absolute against `base` (an absolute directory), with "." and
 // ".." segments and repeated slashes removed lexically (no symlink is
 // resolved: the path names a directory as the target process will see it).

@@ -75,6 +75,28 @@ TEST(OutputDirPid, Table) {
   EXPECT_EQ(output_dir_pid(""), 0);
 }
 
+TEST(ForwardedEnvironment, RemoraAndRocpVariablesOnly) {
+  const char* envp[] = {"PATH=/usr/bin",
+                        "REMORA_OUTPUT_PATH=/srv/out",
+                        "ROCPROFILER_OUTPUT=x=y",
+                        "REMORA_EMPTY=",
+                        "XREMORA_NOT=1",
+                        "REMORA_NOEQUALS",
+                        "remora_lower=1",
+                        "REMORA_OUTPUT_PATH=/srv/again",
+                        nullptr};
+  auto env = forwarded_environment(envp);
+  ASSERT_EQ(env.size(), 3u);
+  EXPECT_EQ(*find_env(env, "REMORA_OUTPUT_PATH"), "/srv/again") << "the last one wins, as in a shell";
+  EXPECT_EQ(*find_env(env, "ROCPROFILER_OUTPUT"), "x=y");
+  EXPECT_EQ(*find_env(env, "REMORA_EMPTY"), "");
+  EXPECT_EQ(find_env(env, "PATH"), nullptr);
+  EXPECT_EQ(forwarded_environment(nullptr).size(), 0u);
+  // -e on top wins.
+  set_env(env, "REMORA_OUTPUT_PATH", "/from/-e");
+  EXPECT_EQ(*find_env(env, "REMORA_OUTPUT_PATH"), "/from/-e");
+}
+
 TEST(FormatElapsed, Table) {
   EXPECT_EQ(format_elapsed(0ms), "0.0 s");
   EXPECT_EQ(format_elapsed(1250ms), "1.2 s");

@@ -341,9 +341,14 @@ def test_default_tool_output(tmp):
     ready = os.path.join(tmp, "ready")
     p = spawn([ARGS.target, "1", ready], cwd=target_cwd)
     pids = [int(x) for x in wait_for(lambda: os.path.exists(ready) and open(ready).read(), 10, "the target").split()]
-    for where, extra in ((os.path.join(remora_cwd, "remora-output"), []),
-                         (os.path.join(target_cwd, "out"), ["-e", "REMORA_OUTPUT_PATH=out"])):
-        rc, out, err = remora("attach", "-p", pids[0], "-d", 300, *extra, timeout=60, cwd=remora_cwd)
+    # The caller's REMORA_* variables reach the target too; -e wins over them.
+    from_env = os.path.join(tmp, "from-env")
+    for where, extra, env in ((os.path.join(remora_cwd, "remora-output"), [], {}),
+                              (os.path.join(target_cwd, "out"), ["-e", "REMORA_OUTPUT_PATH=out"], {}),
+                              (from_env, [], {"REMORA_OUTPUT_PATH": from_env}),
+                              (os.path.join(target_cwd, "out"), ["-e", "REMORA_OUTPUT_PATH=out"],
+                               {"REMORA_OUTPUT_PATH": from_env})):
+        rc, out, err = remora("attach", "-p", pids[0], "-d", 300, *extra, timeout=60, cwd=remora_cwd, env=env)
         check(rc == 0, "attach with the default tool succeeds", show(rc, out, err))
         for pid in pids:
             m = re.search(r"^==> pid %d: (\S+)$" % pid, out, re.M)
