@@ -27,7 +27,8 @@ namespace remora::arch {
 
 // The register set ptrace reads and writes on this host (PTRACE_GETREGS).
 using HostRegs = x86_64::Regs;
-static_assert(sizeof(HostRegs) == sizeof(user_regs_struct), "arch::x86_64::Regs must mirror user_regs_struct");
+static_assert(sizeof(HostRegs) == sizeof(user_regs_struct),
+              "arch::x86_64::Regs must mirror user_regs_struct");
 
 // The FP/SIMD register sets of PTRACE_GETREGSET: the extended state
 // (NT_X86_XSTATE, the xsave area) and, on a kernel without XSAVE, the

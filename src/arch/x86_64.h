@@ -101,7 +101,7 @@ struct UContext {
 static_assert(sizeof(UContext) == 304);
 
 inline constexpr uint64_t kUcFpXstate = 0x1, kUcSigcontextSs = 0x2, kUcStrictRestoreSs = 0x4;
-inline constexpr int32_t kSsFlagsInvalid = 3;    // SS_ONSTACK|SS_DISABLE: rejected by sigaltstack
+inline constexpr int32_t kSsFlagsInvalid = 3;  // SS_ONSTACK|SS_DISABLE: rejected by sigaltstack
 
 // Builds the sigcontext for `r` (already resume-adjusted).
 SigContext sigcontext_from(const Regs& r, uint64_t fpstate_addr);

@@ -87,8 +87,8 @@ SyscallStep syscall_regs(const Regs& r, long nr, const std::array<uint64_t, 6>& 
   return st;
 }
 
-Regs call_regs(const Regs& r, uint64_t fn, const std::array<uint64_t, 6>& a, const FramePlan& f, uint64_t stub,
-               int marker, uint64_t cookie) {
+Regs call_regs(const Regs& r, uint64_t fn, const std::array<uint64_t, 6>& a, const FramePlan& f,
+               uint64_t stub, int marker, uint64_t cookie) {
   Regs o = r;
   o.orig_rax = kNoSyscall;
   o.rip = stub + (marker != 0 ? Stub::kMarkedCallEntry : Stub::kCallEntry);

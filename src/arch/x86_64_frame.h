@@ -27,9 +27,9 @@ struct FramePlan {
   uint64_t fpstate = 0;
   uint64_t uc = 0;
   uint64_t pretcode = 0;
-  uint64_t all_mask = 0;     // for rt_sigprocmask(SIG_BLOCK, all_mask, &uc.uc_sigmask)
-  uint64_t result_slot = 0;  // a marked call's result and cookie
-  uint64_t call_sp = 0;      // the stub's stack pointer
+  uint64_t all_mask = 0;       // for rt_sigprocmask(SIG_BLOCK, all_mask, &uc.uc_sigmask)
+  uint64_t result_slot = 0;    // a marked call's result and cookie
+  uint64_t call_sp = 0;        // the stub's stack pointer
   std::vector<uint64_t> args;  // address of each byte argument, in the order given
   uint64_t base = 0;           // lowest byte the frame writes
   uint64_t end = 0;            // one past the highest (fpstate + fpstate_size)
@@ -41,9 +41,9 @@ FramePlan plan_frame(uint64_t rsp, size_t fpstate_size, std::span<const size_t> 
 struct FrameContents {
   Regs resume;  // the registers the thread continues with (restart applied)
   uint64_t sigmask = 0;
-  bool fp_xstate = false;                    // the fpstate is an xsave image (UC_FP_XSTATE)
-  std::span<const std::byte> fpstate;        // its bytes (plan's fpstate_size)
-  uint64_t restorer = 0;                     // pretcode: where glibc's syscall() returns
+  bool fp_xstate = false;                            // the fpstate is an xsave image (UC_FP_XSTATE)
+  std::span<const std::byte> fpstate;                // its bytes (plan's fpstate_size)
+  uint64_t restorer = 0;                             // pretcode: where glibc's syscall() returns
   std::span<const std::span<const std::byte>> args;  // byte arguments, as planned
 };
 std::vector<std::byte> frame_bytes(const FramePlan& plan, const FrameContents& c);
@@ -76,8 +76,8 @@ SyscallStep syscall_regs(const Regs& r, long nr, const std::array<uint64_t, 6>& 
 
 // A call of `fn` through the stub (marked when `marker` != 0: see Stub),
 // ending in rt_sigreturn on the frame.
-Regs call_regs(const Regs& r, uint64_t fn, const std::array<uint64_t, 6>& a, const FramePlan& f, uint64_t stub,
-               int marker, uint64_t cookie);
+Regs call_regs(const Regs& r, uint64_t fn, const std::array<uint64_t, 6>& a, const FramePlan& f,
+               uint64_t stub, int marker, uint64_t cookie);
 // The instruction address right after the call stub's final rt_sigreturn.
 uint64_t call_return_end(uint64_t stub, bool marked);
 

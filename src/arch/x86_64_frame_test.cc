@@ -18,8 +18,8 @@ TEST(X86_64FramePlan, BelowTheRedZoneAndAligned) {
     std::vector<size_t> args;
   };
   const Case cases[] = {
-      {0x7ffd1000, 2436, {}},         {0x7ffd1008, 836, {}},        {0x7ffd0ff8, 11012, {}},
-      {0x7ffd1000, 2436, {1, 5001}},  {0x7ffd1003, 516, {16, 17}},  {0x7ffd1000, 2820, {300}},
+      {0x7ffd1000, 2436, {}},        {0x7ffd1008, 836, {}},       {0x7ffd0ff8, 11012, {}},
+      {0x7ffd1000, 2436, {1, 5001}}, {0x7ffd1003, 516, {16, 17}}, {0x7ffd1000, 2820, {300}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE("rsp " + std::to_string(c.rsp) + " fpstate " + std::to_string(c.fpstate));

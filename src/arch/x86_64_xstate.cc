@@ -82,7 +82,8 @@ SigFpstate build_sig_fpstate(const XstateLayout& layout, std::span<const std::by
     out.task = TaskXstate{0x3, static_cast<uint32_t>(kFxsaveSize)};
     out.exact = saved.size() == kFxsaveSize;
     if (!out.exact)
-      out.why_not = "the CPU reports no XSAVE but the saved state has " + std::to_string(saved.size()) + " bytes";
+      out.why_not =
+          "the CPU reports no XSAVE but the saved state has " + std::to_string(saved.size()) + " bytes";
     return out;
   }
   out.xsave = true;

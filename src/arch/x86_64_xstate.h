@@ -52,8 +52,8 @@ inline constexpr size_t kXsaveHeaderSize = 64;
 inline constexpr size_t kXsaveMinSize = kFxsaveSize + kXsaveHeaderSize;  // x87 + SSE + header
 
 struct XstateLayout {
-  bool xsave = false;  // the CPU has XSAVE and the kernel enabled it (CR4.OSXSAVE)
-  uint64_t xcr0 = 0;   // the user state components the kernel enabled (XGETBV 0)
+  bool xsave = false;                       // the CPU has XSAVE and the kernel enabled it (CR4.OSXSAVE)
+  uint64_t xcr0 = 0;                        // the user state components the kernel enabled (XGETBV 0)
   std::array<XComponent, 64> components{};  // indices 0 and 1 (x87, SSE) live in the FXSAVE part
 
   // Components of `features` that are dynamic (XFD-capable).

@@ -21,7 +21,8 @@ struct Cpu {
   x::XstateLayout layout;
 };
 
-x::XstateLayout make_layout(uint64_t xcr0, std::initializer_list<std::tuple<int, uint32_t, uint32_t, bool>> comps) {
+x::XstateLayout make_layout(uint64_t xcr0,
+                            std::initializer_list<std::tuple<int, uint32_t, uint32_t, bool>> comps) {
   x::XstateLayout l;
   l.xsave = true;
   l.xcr0 = xcr0;
@@ -31,9 +32,10 @@ x::XstateLayout make_layout(uint64_t xcr0, std::initializer_list<std::tuple<int,
 
 // CPUID leaf 0xD as these CPUs report it.
 const Cpu kAvx2{"AVX2 only (Haswell)", make_layout(0x7, {{2, 576, 256, false}})};
-const Cpu kZen4{"AMD Zen 4 (AVX-512, no AMX, no PKRU)",
-                make_layout(0xe7, {{2, 576, 256, false}, {5, 832, 64, false}, {6, 896, 512, false},
-                                   {7, 1408, 1024, false}})};
+const Cpu kZen4{
+    "AMD Zen 4 (AVX-512, no AMX, no PKRU)",
+    make_layout(0xe7,
+                {{2, 576, 256, false}, {5, 832, 64, false}, {6, 896, 512, false}, {7, 1408, 1024, false}})};
 const Cpu kSkylake{"Intel Skylake-SP (AVX-512, MPX, PKRU, no AMX)",
                    make_layout(0x2ff, {{2, 576, 256, false},
                                        {3, 960, 64, false},
@@ -100,8 +102,8 @@ std::optional<Restore> kernel_restore(const x::XstateLayout& l, x::TaskXstate re
   }
   const uint64_t rfbm = sw.xfeatures & l.xcr0;
   const uint64_t bv = u64(image, x::kXstateBvOffset);
-  if (u64(image, x::kXcompBvOffset) != 0) return std::nullopt;       // #GP: not the standard format
-  if ((bv & ~l.xcr0) != 0) return std::nullopt;                        // #GP
+  if (u64(image, x::kXcompBvOffset) != 0) return std::nullopt;                // #GP: not the standard format
+  if ((bv & ~l.xcr0) != 0) return std::nullopt;                               // #GP
   if ((rfbm & l.dynamic(l.xcr0) & ~real.features) != 0) return std::nullopt;  // #NM: XFD armed
   r.restored = rfbm & bv;
   return r;

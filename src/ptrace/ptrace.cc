@@ -178,7 +178,8 @@ Result<std::vector<std::byte>> get_xstate(pid_t tid) {
 
 Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate) {
   iovec iov{const_cast<std::byte*>(xstate.data()), xstate.size()};
-  const auto regset = xstate.size() == arch::kLegacyFpSize ? arch::kLegacyFpRegset : arch::kExtendedStateRegset;
+  const auto regset =
+      xstate.size() == arch::kLegacyFpSize ? arch::kLegacyFpRegset : arch::kExtendedStateRegset;
   return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(regset), &iov);
 }
 

@@ -1,7 +1,6 @@
 // Tables for remote/seccomp.h: programs assembled by hand (one per rule of
 // the interpreter), and programs made by libseccomp (seccomp_export_bpf),
 // which is what real targets install.
-#include "arch/arch.h"
 #include "remote/seccomp.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +13,8 @@
 #include <cerrno>
 #include <string>
 #include <vector>
+
+#include "arch/arch.h"
 
 #ifdef REMORA_HAVE_LIBSECCOMP
 #include <seccomp.h>

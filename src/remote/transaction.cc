@@ -110,8 +110,8 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     // would refuse (or kill the process for).
     REMORA_TRY(im_.seccomp_guard.check_stopped(
         tid_,
-        seccomp::engine_syscalls({marker_ != 0, !im_.scratch, saved_.swap_mask, is_syscall,
-                                  static_cast<long>(fn_or_nr), args}),
+        seccomp::engine_syscalls(
+            {marker_ != 0, !im_.scratch, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args}),
         ""));
     REMORA_TRY(write_frame(on_stack));
     // With the scratch ready and no mask dance to do, the call's own
@@ -194,7 +194,8 @@ Transaction::Regs Transaction::frame_registers() const {
   Regs frame = r0;
   if (kind_ == arch::RestartKind::kRestartBlock && a::syscall_nr(r0) == a::nr::kRestartSyscall) {
     std::array<uint8_t, 9> before{};
-    if (im_.mem.read(a::pc(r0) - a::kSyscallInsnLen - before.size(), std::as_writable_bytes(std::span(before)))) {
+    if (im_.mem.read(a::pc(r0) - a::kSyscallInsnLen - before.size(),
+                     std::as_writable_bytes(std::span(before)))) {
       auto nr = a::wrapper_syscall_nr(before);
       if (!nr && a::is_generic_syscall_fn(before)) {
         uint64_t ret = 0;
@@ -237,8 +238,9 @@ void Transaction::plan(bool is_syscall, std::array<uint64_t, 6>& args,
   for (const auto& arg : on_stack) sizes.push_back(arg.bytes.size());
   frame_ = a::plan_frame(a::sp(saved_.regs), fpstate_.image.size(), sizes);
   for (size_t i = 0; i < on_stack.size(); ++i) args[on_stack[i].reg] = frame_.args[i];
-  REMORA_LOG(kRemote, "call on tid=%d: stopped at pc=%#llx nr=%lld ret=%lld, restart kind %d, marker %d", tid_,
-             static_cast<unsigned long long>(a::pc(saved_.regs)), static_cast<long long>(a::syscall_nr(saved_.regs)),
+  REMORA_LOG(kRemote, "call on tid=%d: stopped at pc=%#llx nr=%lld ret=%lld, restart kind %d, marker %d",
+             tid_, static_cast<unsigned long long>(a::pc(saved_.regs)),
+             static_cast<long long>(a::syscall_nr(saved_.regs)),
              static_cast<long long>(a::return_value(saved_.regs)), static_cast<int>(kind_), marker_);
 }
 
@@ -263,7 +265,8 @@ Result<void> Transaction::write_frame(std::span<const Target::Impl::StackArg> on
 // Points the thread at the self-restoring path first, then blocks signals.
 Result<void> Transaction::enter_restore_path(bool direct) {
   if (direct) return ok();  // the call's registers are that path (set with the mask in function_call)
-  REMORA_TRY(ptrace::set_regs(tid_, a::parked_regs(saved_.regs, frame_, im_.stub_site(/*for_syscall=*/false))));
+  REMORA_TRY(
+      ptrace::set_regs(tid_, a::parked_regs(saved_.regs, frame_, im_.stub_site(/*for_syscall=*/false))));
   modified_ = true;
   if (!saved_.swap_mask) return ptrace::set_sigmask(tid_, ~uint64_t{0});
   // The kernel restores the saved user mask on the first resume; the stub's
@@ -441,17 +444,20 @@ Error Transaction::take_back() {
 
 Error Transaction::gone(const ptrace::Stop& s) {
   attached_ = false;
-  std::string how = s.kind == ptrace::Stop::Kind::kKilled ? "was killed by signal " + std::to_string(s.sig)
-                                                          : "exited with status " + std::to_string(s.exit_status);
-  if (s.kind == ptrace::Stop::Kind::kKilled && s.sig == SIGSYS) how += im_.seccomp_guard.sigsys_note(tid_, -1);
+  std::string how = s.kind == ptrace::Stop::Kind::kKilled
+                        ? "was killed by signal " + std::to_string(s.sig)
+                        : "exited with status " + std::to_string(s.exit_status);
+  if (s.kind == ptrace::Stop::Kind::kKilled && s.sig == SIGSYS)
+    how += im_.seccomp_guard.sigsys_note(tid_, -1);
   return Error(Errc::kTargetExited, who_ + " " + how + " during the remote call");
 }
 
 Error Transaction::fault_error(const siginfo_t& si) const {
   constexpr const char* kRestored = "; the thread was restored to its state before the call";
   if (si.si_signo == SIGSYS)
-    return Error(Errc::kFault, "the target's seccomp filter refused system call " + std::to_string(si.si_syscall) +
-                                   " (SIGSYS)" + im_.seccomp_guard.sigsys_note(tid_, si.si_syscall) + kRestored);
+    return Error(Errc::kFault, "the target's seccomp filter refused system call " +
+                                   std::to_string(si.si_syscall) + " (SIGSYS)" +
+                                   im_.seccomp_guard.sigsys_note(tid_, si.si_syscall) + kRestored);
   char buf[160];
   std::snprintf(buf, sizeof buf, "the called function faulted: SIG%s (signal %d, code %d) at address %s",
                 sigabbrev_np(si.si_signo) ? sigabbrev_np(si.si_signo) : "?", si.si_signo, si.si_code,

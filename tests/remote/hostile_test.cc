@@ -317,9 +317,9 @@ void Hostile::run_simd() {
   EXPECT_EQ(has("zmm"), __builtin_cpu_supports("avx512f") != 0) << features;
   if (!has("amx")) printf("  skipped: AMX tiles (%s)\n", features.substr(features.find("amx(")).c_str());
   const auto& layout = arch::x86_64::host_xstate_layout();
-  printf("  xsave: %s, XCR0 %#llx, kernel area %u bytes, dynamic features %#llx\n", layout.xsave ? "yes" : "no",
-         static_cast<unsigned long long>(layout.xcr0), layout.size_for(layout.xcr0),
-         static_cast<unsigned long long>(layout.dynamic(layout.xcr0)));
+  printf("  xsave: %s, XCR0 %#llx, kernel area %u bytes, dynamic features %#llx\n",
+         layout.xsave ? "yes" : "no", static_cast<unsigned long long>(layout.xcr0),
+         layout.size_for(layout.xcr0), static_cast<unsigned long long>(layout.dynamic(layout.xcr0)));
   for (const auto& [role, tid] : tids) {
     auto frame = frame_for_thread(target.pid(), tid);
     ASSERT_TRUE(frame.has_value()) << role;

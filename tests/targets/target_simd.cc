@@ -28,9 +28,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -80,9 +80,9 @@ std::string g_features;  // the "features" answer
 
 // Every asm block below addresses the Holder through one register (%[h])
 // with constant offsets, so that few general registers are tied up.
-#define HOLDER_OPERANDS                                                                         \
-  [h] "r"(h), [pat] "i"(offsetof(Holder, pat)), [dump] "i"(offsetof(Holder, dump)),            \
-      [tiles] "i"(offsetof(Holder, tiles)), [tdump] "i"(offsetof(Holder, tiles_dump)),          \
+#define HOLDER_OPERANDS                                                                \
+  [h] "r"(h), [pat] "i"(offsetof(Holder, pat)), [dump] "i"(offsetof(Holder, dump)),    \
+      [tiles] "i"(offsetof(Holder, tiles)), [tdump] "i"(offsetof(Holder, tiles_dump)), \
       [ts] "i"(offsetof(Holder, ts)), [hold] "i"(offsetof(Holder, hold))
 
 // Between two checks, a blocking system call when the thread holds that way:
@@ -157,8 +157,8 @@ __attribute__((target("avx"))) uint64_t ymm_hold(Holder* h, uint64_t n) {
   asm volatile(X16(YMM_LOAD) "1:\n\t" BLOCK X16(YMM_STORE) COMPARE(128) END_LOOP "3: vzeroupper\n\t"
                : [bad] "+r"(bad), [n] "+r"(n)
                : HOLDER_OPERANDS
-               : BLOCK_CLOBBERS, "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                 "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+               : BLOCK_CLOBBERS, "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                 "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
   return bad;
 }
 
@@ -168,10 +168,10 @@ __attribute__((target("avx512f"))) uint64_t zmm_hold(Holder* h, uint64_t n) {
                    COMPARE(256) X8(K_CHECK) END_LOOP "3: vzeroupper\n\t"
                : [bad] "+r"(bad), [n] "+r"(n)
                : HOLDER_OPERANDS
-               : BLOCK_CLOBBERS, "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                 "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-                 "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
-                 "k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
+               : BLOCK_CLOBBERS, "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                 "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18",
+                 "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28",
+                 "xmm29", "xmm30", "xmm31", "k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
   return bad;
 }
 
@@ -296,7 +296,8 @@ void* x87_thread(void* arg) {
   uint32_t mx = kMxcsr;
   asm volatile("fldcw %0\n\tldmxcsr %1" ::"m"(cw), "m"(mx));
   for (;;) {
-    if (x87_hold(kSpinIterations * 10) != 0) anomaly("x87: an x87 register, the control word or MXCSR changed");
+    if (x87_hold(kSpinIterations * 10) != 0)
+      anomaly("x87: an x87 register, the control word or MXCSR changed");
     h->w->progress++;
   }
 }
