@@ -462,8 +462,12 @@ Result<procfs::Status> precheck_open(pid_t pid) {
   // Another controller's call holds a thread only for a moment: wait it out
   // before refusing, so that two controllers can open a process at once.
   if (ptrace::wait_until_untraced(pid, 0, Deadline::after(kPassingTracerGrace))) {
-    // Read again: the process may have changed (or ended) meanwhile.
-    st = REMORA_TRY(precheck_identity(pid));
+    // Seen untraced within the grace: the tracer was passing. Read again
+    // (the process may have changed or ended meanwhile), but do not refuse
+    // for a tracer seen now: another controller's next call may already hold
+    // a thread again, for a moment; a tracer that stays is reported by the
+    // seize, which waits out a passing one as well.
+    return precheck_identity(pid);
   }
   // A tracer thread of this very process: another handle holds it.
   if (st.tracer_pid != 0 && procfs::read_status(::getpid(), st.tracer_pid))
