@@ -91,6 +91,7 @@ std::string describe_task(pid_t tid) {
 
 Result<void> seize(pid_t pid, pid_t tid, unsigned long options) {
   const auto grace = Deadline::after(kPassingTracerGrace);
+  int untraced_refusals = 0;
   for (;;) {
     auto r = request(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void*>(options));
     if (r) return ok();
@@ -101,7 +102,14 @@ Result<void> seize(pid_t pid, pid_t tid, unsigned long options) {
           "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " no longer exists", err);
     if (err != EPERM) return diagnose_attach_failure(pid, err);
     auto st = procfs::read_status(pid, tid);
-    if (!st || st->tracer_pid == 0) return diagnose_attach_failure(pid, err);
+    if (!st) return diagnose_attach_failure(pid, err);
+    // Untraced by now: either a passing tracer (another controller's call)
+    // left between the seize and the read, and the next seize succeeds, or
+    // a rule refuses us, and it refuses again at once.
+    if (st->tracer_pid == 0) {
+      if (++untraced_refusals < 3) continue;
+      return diagnose_attach_failure(pid, err);
+    }
     // Another tracer holds this thread: wait out one that is only passing
     // (another controller's call), then try again.
     if (!grace.expired() && wait_until_untraced(pid, tid, grace)) continue;
