@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -178,6 +179,26 @@ inline std::map<int, std::string> open_fds(pid_t pid) {
     out[std::atoi(e->d_name)] = n > 0 ? std::string(link, static_cast<size_t>(n)) : "?";
   }
   return out;
+}
+
+// The descriptors open in each of `reads` reads 20 ms apart: a target's
+// transient connection (open for microseconds, every 100 ms in
+// remora_target_syscalls) is in at most one of them.
+inline std::map<int, std::string> steady_fds(pid_t pid, int reads = 5) {
+  auto out = open_fds(pid);
+  for (int i = 1; i < reads; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto now = open_fds(pid);
+    for (auto it = out.begin(); it != out.end();)
+      it = now.count(it->first) && now.at(it->first) == it->second ? std::next(it) : out.erase(it);
+  }
+  return out;
+}
+
+// Polls (1 ms) until the process's descriptors are exactly `want`: a leak
+// stays, a target's own transient descriptor goes.
+inline bool fds_back(pid_t pid, const std::map<int, std::string>& want, Deadline deadline) {
+  return wait_for([&] { return open_fds(pid) == want; }, deadline);
 }
 
 inline std::string describe_fds(const std::map<int, std::string>& fds) {
