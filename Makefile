@@ -18,7 +18,9 @@ BUILD_TYPE ?= RelWithDebInfo
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
 DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
-                libunwind-dev python3 python3-pytest binutils util-linux mount procps libseccomp-dev
+                libunwind-dev python3 python3-pytest binutils util-linux mount procps libseccomp-dev \
+                libdw-dev libelf-dev libprotobuf-dev protobuf-compiler python3-protobuf nlohmann-json3-dev \
+                zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light
 
 .PHONY: all deps configure build test demo bench format clean
 

@@ -65,7 +65,17 @@ struct SavedEnv {
   char* old_value;  // strdup'ed, or nullptr when it was unset
 };
 
-pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+// Error-checking: the fork handler's lock (lock_for_fork) must not deadlock
+// when the forking thread holds it already (a tool callback that forks, run
+// under it on the listener, the watcher or the exiting thread).
+pthread_mutex_t g_lock = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
+bool g_fork_locked = false;  // lock_for_fork took g_lock for a fork in progress
+// Tool loads (load_tools) so far, and the load lock_for_fork was last
+// registered after: it is registered again after each load, to come before
+// the handlers those tools registered (a second lock_for_fork of one fork
+// finds g_lock taken by its thread, EDEADLK, and does nothing).
+unsigned g_tool_loads = 0;
+unsigned g_fork_handler_after = 0;
 Tool g_tools[kMaxTools];
 int g_tool_count = 0;
 bool g_loaded = false;
@@ -286,6 +296,7 @@ int load_tools(const char* list) {
     return REMORA_AGENT_ERR_BAD_ARGUMENT;
   }
   g_loaded = true;
+  ++g_tool_loads;
   update_tool_names();
   return REMORA_AGENT_OK;
 }
@@ -466,14 +477,73 @@ void start_listener() {
   if (start_thread(&t, listener_main, &g_listener_stack)) pthread_detach(t);
 }
 
-void after_fork_child() {
-  // Only the forking thread survives a fork: the child needs its own
-  // listener. Our lock may have been held by the parent's listener.
-  pthread_mutex_init(&g_lock, nullptr);
-  if (remora_agent_info.unloading) return;  // forked mid-unload: the agent takes no calls any more
+// fork(): an entry point in progress (attach, detach, a lease change, the
+// watcher's detach) is let finish first, so that the child never copies a
+// session half-made. Registered after the first tools are loaded: glibc runs
+// prepare handlers last registered first, so this lock is taken before a
+// tool's own (the default tool's state lock), the order of the listener,
+// which holds g_lock while it calls into the tools.
+void lock_for_fork() {
+  if (pthread_mutex_lock(&g_lock) == 0) g_fork_locked = true;  // EDEADLK: the forking thread holds it
+}
+void unlock_after_fork() {
+  if (!g_fork_locked) return;
+  g_fork_locked = false;
+  pthread_mutex_unlock(&g_lock);
+}
+
+// Called on the listener with g_lock released (a glibc before 2.34 runs
+// the prepare handlers under the lock pthread_atfork takes: a fork waiting
+// for g_lock there would wait for us for good). Only the listener runs it.
+void register_fork_lock() {
+  if (g_fork_handler_after == g_tool_loads) return;
+  if (pthread_atfork(lock_for_fork, unlock_after_fork, nullptr) == 0) g_fork_handler_after = g_tool_loads;
+}
+
+// The child keeps its parent's session (REMORA_AGENT_FEATURE_FORK_LEASE):
+// its tools stay attached, and a lease it inherited is armed again here,
+// on its own copy of the pipe's read end, with a watcher of its own (the
+// parent's did not come along). Returns the controller of that lease, 0
+// when there is none to inherit.
+int32_t inherit_lease_in_child() {
+  const bool inherit = remora_agent_info.attached && g_lease_running && !g_lease_stopping && g_lease_fd >= 0;
+  const int32_t controller = inherit ? remora_agent_info.lease_pid : 0;
+  // Our copies of the parent's descriptors: the watcher's eventfd always
+  // goes, the read end unless the child keeps watching it.
+  if (g_lease_wake >= 0) close(g_lease_wake);
+  if (!inherit && g_lease_fd >= 0) close(g_lease_fd);
+  const int read_fd = inherit ? g_lease_fd : -1;
+  g_lease_fd = g_lease_wake = -1;
   g_lease_running = false;
   g_lease_stopping = false;
   g_lease_unjoined = false;  // the parent's watcher is no thread of the child
+  remora_agent_info.lease_pid = 0;
+  if (!inherit) return 0;
+  if (arm_lease_locked(read_fd, controller) != REMORA_AGENT_OK) {
+    // No watcher (out of threads): the tools stay attached until the
+    // controller, which sees lease_pid 0, arms a lease of its own.
+    return 0;
+  }
+  return controller;
+}
+
+void after_fork_child() {
+  // Only the forking thread survives a fork: the child needs its own
+  // listener. Our lock was taken for the fork (or held by the forking
+  // thread itself): the child starts with a fresh one.
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
+  pthread_mutex_init(&g_lock, &attr);
+  pthread_mutexattr_destroy(&attr);
+  g_fork_locked = false;
+  // Until the new listener publishes its tid (start_listener, last), the
+  // info block is not this process's yet: a controller waits for a
+  // listener that is a thread of the child (before this handler ran, the
+  // block names the parent's).
+  __atomic_store_n(&remora_agent_info.listener_tid, 0, __ATOMIC_RELEASE);
+  if (remora_agent_info.unloading) return;  // forked mid-unload: the agent takes no calls any more
+  remora_agent_info.forked_from = remora_agent_info.attached ? static_cast<int32_t>(getppid()) : 0;
   // Their stacks are copies no thread of the child uses, unless the forking
   // thread was the listener itself (a tool callback that forked).
   char here;
@@ -483,8 +553,7 @@ void after_fork_child() {
   };
   if (!on(g_lease_stack)) free_stack(&g_lease_stack);
   if (!on(g_listener_stack)) free_stack(&g_listener_stack);
-  g_lease_fd = g_lease_wake = -1;
-  remora_agent_info.lease_pid = 0;
+  (void)inherit_lease_in_child();
   start_listener();
 }
 
@@ -492,7 +561,8 @@ __attribute__((constructor)) void agent_init() {
   remora_agent_info.size = sizeof remora_agent_info;
   remora_agent_info.version = REMORA_AGENT_PROTOCOL_VERSION;
   remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER |
-                               REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD;
+                               REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD |
+                               REMORA_AGENT_FEATURE_FORK_LEASE;
   pthread_atfork(nullptr, nullptr, after_fork_child);
   start_listener();
   __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
@@ -568,6 +638,7 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
   pthread_mutex_lock(&g_lock);
   int rc = finish(attach_locked(env_buffer, tool_list));
   pthread_mutex_unlock(&g_lock);
+  register_fork_lock();
   return rc;
 }
 
@@ -618,6 +689,7 @@ REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char*
   }
   rc = finish(rc);
   pthread_mutex_unlock(&g_lock);
+  register_fork_lock();
   return rc;
 }
 

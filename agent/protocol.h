@@ -18,7 +18,10 @@
 /* 3: remora_agent_unload (REMORA_AGENT_FEATURE_UNLOAD) and the two fields at
  * the end of the info block (self_handle, kept); a controller of version 2
  * reads the block's first part as before. */
-#define REMORA_AGENT_PROTOCOL_VERSION 3u
+/* 4: REMORA_AGENT_FEATURE_FORK_LEASE; the reserved field of protocol 3 is
+ * forked_from (it read 0 before, and still does in a process that was not
+ * forked while attached). */
+#define REMORA_AGENT_PROTOCOL_VERSION 4u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -37,6 +40,17 @@
 /* remora_agent_unload: the agent can be taken out of the process again (it
  * was loaded without RTLD_NODELETE; see the entry point below). */
 #define REMORA_AGENT_FEATURE_UNLOAD 0x8u
+/* A process forked while attached keeps its parent's session: its tools stay
+ * attached (a tool restarts what fork did not copy, its threads and
+ * timers, from a pthread_atfork handler of its own, as the default tool does),
+ * forked_from names the parent, and when the parent was under a lease the
+ * child arms its own watcher on its inherited copy of the lease pipe's read
+ * end (lease_pid stays the parent's controller): the controller's death, or
+ * its closing the lease, detaches the child's tools too. The fork waits for
+ * an entry point in progress (attach, detach, lease), so that a child never
+ * copies a session half-made. A controller that finds the bit clear arms a
+ * lease of its own in such a child (remora_agent_set_lease). */
+#define REMORA_AGENT_FEATURE_FORK_LEASE 0x10u
 
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
@@ -69,9 +83,9 @@ struct remora_agent_info {
   char tools[REMORA_AGENT_TOOLS_SIZE];     /* loaded tool list, ':'-separated */
   char message[REMORA_AGENT_MESSAGE_SIZE]; /* why the last call failed ("" on success) */
   /* Protocol 3 (REMORA_AGENT_FEATURE_UNLOAD): */
-  uint64_t self_handle;               /* the agent's own dlopen handle, set by remora_agent_unload */
-  int32_t unloading;                  /* 1 once remora_agent_unload ran: the listener is leaving */
-  int32_t reserved;                   /* 0 */
+  uint64_t self_handle; /* the agent's own dlopen handle, set by remora_agent_unload */
+  int32_t unloading;    /* 1 once remora_agent_unload ran: the listener is leaving */
+  int32_t forked_from;  /* protocol 4: the parent (this process's view) when it was forked attached, else 0 */
   char kept[REMORA_AGENT_TOOLS_SIZE]; /* tools remora_agent_unload could not unload, ':'-separated */
 };
 

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   add_status_command(app, dispatch);
   add_run_command(app, dispatch);
   add_events_command(app, dispatch);
+  add_report_command(app, dispatch);
 
   // CLI11 reports through exceptions; they stop here. The library under us
   // never throws (style.md, "Errors").

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cli/renderer.h"
 #include "cli/session_args.h"
 #include "procfs/procfs.h"
 
@@ -149,6 +150,9 @@ std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<p
       struct stat st {};
       if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
       if (st.st_mtim.tv_sec < floor) continue;
+      // A session that did not finish (its process died while attached)
+      // left only profile.remora.part: nothing to render.
+      if (::access((path + "/profile.remora").c_str(), F_OK) != 0) continue;
       found.push_back({{p, path}, st.st_mtim});
     }
     ::closedir(d);
@@ -175,6 +179,28 @@ std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<p
   return out;
 }
 
+Result<void> render_and_print(FILE* out, const OutputDir& d) {
+  std::fprintf(out, "\n==> pid %d: %s\n", static_cast<int>(d.pid), d.path.c_str());
+  // The tool left its raw records: name the addresses and write every
+  // output here, in the controller (src/profile).
+  auto rendered = render_session(d.path, d.host_pid);
+  if (!rendered) {
+    std::fprintf(out, "(not rendered: %s)\n", rendered.error().to_string().c_str());
+    std::fflush(out);
+    return rendered.error();
+  }
+  auto summary = procfs::read_text(d.path + "/summary.txt");
+  if (summary) {
+    std::fputs(summary->c_str(), out);
+    if (!summary->empty() && summary->back() != '\n') std::fputc('\n', out);
+  } else {
+    std::fprintf(out, "(no summary.txt: %s)\n", summary.error().to_string().c_str());
+  }
+  std::fprintf(out, "Render again with: remora report %s\n", d.path.c_str());
+  std::fflush(out);
+  return {};
+}
+
 bool print_outputs(FILE* out, const std::string& root, const std::vector<OutputDir>& dirs) {
   if (dirs.empty()) {
     std::fprintf(
@@ -184,26 +210,7 @@ bool print_outputs(FILE* out, const std::string& root, const std::vector<OutputD
         root.c_str());
     return false;
   }
-  for (const auto& d : dirs) {
-    std::fprintf(out, "\n==> pid %d: %s\n", static_cast<int>(d.pid), d.path.c_str());
-    auto summary = procfs::read_text(d.path + "/summary.txt");
-    if (summary) {
-      std::fputs(summary->c_str(), out);
-      if (!summary->empty() && summary->back() != '\n') std::fputc('\n', out);
-    } else {
-      std::fprintf(out, "(no summary.txt: %s)\n", summary.error().to_string().c_str());
-    }
-    std::fprintf(out, "Files:\n");
-    for (const char* f : {"summary.txt", "trace.json", "flamegraph.svg", "folded.txt", "stats.csv"}) {
-      std::string p = d.path + "/" + f;
-      const char* what = "";
-      if (std::strcmp(f, "trace.json") == 0) what = "  (open in https://ui.perfetto.dev or chrome://tracing)";
-      if (std::strcmp(f, "flamegraph.svg") == 0) what = "  (open in a browser)";
-      if (std::strcmp(f, "folded.txt") == 0) what = "  (folded stacks, for flamegraph.pl or speedscope)";
-      if (std::strcmp(f, "stats.csv") == 0) what = "  (per-function statistics)";
-      if (::access(p.c_str(), R_OK) == 0) std::fprintf(out, "  %s%s\n", p.c_str(), what);
-    }
-  }
+  for (const auto& d : dirs) (void)render_and_print(out, d);
   std::fflush(out);
   return true;
 }

@@ -51,22 +51,28 @@ std::string process_comm(pid_t pid);
 
 // A session directory the default tool wrote.
 struct OutputDir {
-  pid_t pid = 0;     // from its name (the pid as the process saw itself)
-  std::string path;  // as this process can open it
+  pid_t pid = 0;       // from its name (the pid as the process saw itself)
+  std::string path;    // as this process can open it
+  pid_t host_pid = 0;  // the process as this controller sees it (0: pid, the same namespace)
 };
 // The session directories under `root` now (their names): taken before an
 // attach, so that find_outputs never shows an older session's directory as
 // this one's (a target killed during the session writes none).
 std::set<std::string> existing_outputs(const std::string& root);
 // The newest session directory of each of `pids` under `root` written since
-// `since`, then those of other processes (children forked during the
-// session that exited) written since `since`; none named in `before`.
+// `since` that holds a finished session (profile.remora), then those of
+// other processes (children forked during the session that exited) written
+// since `since`; none named in `before`.
 std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<pid_t>& pids,
                                     std::chrono::system_clock::time_point since,
                                     const std::set<std::string>& before = {});
-// Prints each directory's summary.txt and names its files; says where it
+// Renders each directory (profile::render_session: its raw records become
+// every output file), prints its summary.txt (which names them); says where it
 // looked when `dirs` is empty. Returns false when nothing was found.
 bool print_outputs(FILE* out, const std::string& root, const std::vector<OutputDir>& dirs);
+// One directory of print_outputs: renders it, prints its summary and files,
+// or what kept it from rendering (also returned).
+Result<void> render_and_print(FILE* out, const OutputDir& dir);
 
 // One line per process: "  PID  COMMAND  RESULT".
 void print_outcome_header(FILE* out);

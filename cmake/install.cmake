@@ -60,7 +60,7 @@ endif()
 # The CLI links the engine statically: no RPATH needed. rocattach carries
 # $ORIGIN (compat/rocattach) to find libremora.so.0 next to itself.
 set(_remora_install_targets remora remora_capi remora-agent)
-foreach(_t IN ITEMS remora-tool rocprofiler-sdk-rocattach)
+foreach(_t IN ITEMS remora-tool remora-render rocprofiler-sdk-rocattach)
   if(TARGET ${_t})
     list(APPEND _remora_install_targets ${_t})
   endif()

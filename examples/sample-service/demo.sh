@@ -115,11 +115,12 @@ attach_demo() {
   "$remora" attach -p "$pid" -d 3000 -e "REMORA_OUTPUT_PATH=$out_dir" ||
     die "remora attach failed (exit $?)"
 
-  # What remora printed came from these files: check they are all there.
+  # The tool left its raw records (profile.remora); remora rendered these
+  # files from them and printed the summary: check they are all there.
   local dir
   dir=$(find "$out_dir" -mindepth 1 -maxdepth 1 -type d -name "*-$pid-s1-*" | head -n 1)
   [[ -n $dir ]] || die "no output directory for pid $pid under $out_dir"
-  for f in summary.txt trace.json flamegraph.svg folded.txt stats.csv; do
+  for f in profile.remora summary.txt trace.perfetto profile.pb.gz trace.json flamegraph.svg folded.txt stats.csv; do
     [[ -s $dir/$f ]] || die "$dir/$f is missing or empty"
   done
   grep -q '^Hottest functions' "$dir/summary.txt" || die "summary.txt has no hottest functions"
@@ -131,7 +132,7 @@ attach_demo() {
 
   healthy
   stop_service
-  printf '\nThe output stays in %s (open flamegraph.svg in a browser, trace.json in ui.perfetto.dev).\n' "$dir"
+  printf '\nThe output stays in %s (open flamegraph.svg in a browser, trace.perfetto in ui.perfetto.dev,\nprofile.pb.gz with go tool pprof; render again with: remora report DIR).\n' "$dir"
 }
 
 # --- fallback: remora call ---------------------------------------------------

@@ -17,6 +17,7 @@
 // good, so that no failing step can leave one behind.
 #include "attach/attach.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -39,6 +40,7 @@
 
 #include "agent/protocol.h"
 #include "arch/host.h"
+#include "attach/internal.h"
 #include "base/deadline.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -205,17 +207,19 @@ bool fault_injected(std::string_view name) {
 }
 
 // A file made visible in the target; its memfd, when it needs one, is owned
-// and closed in the target once the handle goes (a loaded library keeps its
-// own mapping, so nothing needs the descriptor after the load).
+// and closed in the target once the handle goes, and a copy placed in a root
+// without /proc is removed then (a loaded library keeps its own mapping, so
+// nothing needs the descriptor or the copy after the load).
 struct OwnedFile {
   std::string path;
   remote::RemoteHandle memfd;
+  remote::PlacedFile placed;
 };
 
 Result<OwnedFile> make_visible_owned(remote::Target& t, const std::string& host_path,
                                      const CallOptions& close_on = {}) {
   auto vf = REMORA_TRY(remote::make_visible(t, host_path));
-  return OwnedFile{vf.path, remote::RemoteHandle::fd(t, vf.remote_fd, close_on)};
+  return OwnedFile{vf.path, remote::RemoteHandle::fd(t, vf.remote_fd, close_on), std::move(vf.placed)};
 }
 
 }  // namespace
@@ -839,12 +843,13 @@ Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64
 }
 
 // The tool list the agent takes: "display|loadpath" entries for a first
-// attach, each tool made visible in the target (its memfd, if it needs one,
-// held in `memfds` and closed on the listener); the display names alone when
+// attach, each tool made visible in the target (its memfd or placed copy, if
+// it needs one, held in `memfds`, the memfd closed on the listener); the
+// display names alone when
 // tools are loaded already (a re-attach: the agent compares the list and
 // refuses a different one).
 Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>& tools, bool reattach,
-                              const CallOptions& on_listener, std::vector<remote::RemoteHandle>* memfds) {
+                              const CallOptions& on_listener, std::vector<OwnedFile>* memfds) {
   std::string list, display_list;
   std::vector<std::optional<std::string>> real_tools;  // nullopt: no such file
   for (const auto& tool : tools) {
@@ -857,7 +862,7 @@ Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>&
     if (!real_tools[i]) return Error(Errc::kInvalidArgument, "tool library " + tools[i] + " not found");
     auto vf = REMORA_TRY(make_visible_owned(t, *real_tools[i], on_listener));
     list += (list.empty() ? "" : ":") + *real_tools[i] + "|" + vf.path;
-    memfds->push_back(std::move(vf.memfd));
+    memfds->push_back(std::move(vf));
   }
   return list;
 }
@@ -884,7 +889,7 @@ struct AttachCall {
   const std::vector<std::byte>& env;
   const std::string& list;
   remote::RemoteHandle& retired;
-  std::vector<remote::RemoteHandle>& memfds;
+  std::vector<OwnedFile>& memfds;
   remote::RemoteHandle* lease_read = nullptr;
   UniqueFd* lease_fd = nullptr;
 };
@@ -947,7 +952,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   // What this attach creates in the target, owned until the target takes it
   // for good: whatever step fails, it is released in the target on return.
   remote::RemoteHandle retired;
-  std::vector<remote::RemoteHandle> memfds;
+  std::vector<OwnedFile> memfds;
   pid_t known_listener =
       REMORA_TRY_CTX(ensure_agent(t, pid, opts, deadline, &s->agent, &retired, &out.agent_loaded_now), ctx);
   auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
@@ -1134,6 +1139,7 @@ Result<AgentState> Controller::status(pid_t pid) {
   st.listener_tid = info.listener_tid;
   st.lease_pid = info.lease_pid;
   st.lease_expired = info.lease_expired != 0;
+  if (info.version >= 4) st.forked_from = info.forked_from;
   st.message = info.message;
   return st;
 }
@@ -1156,11 +1162,9 @@ Result<std::vector<pid_t>> Controller::snapshot_tree(pid_t root) {
   return order;
 }
 
-namespace {
-
 // Runs work(i) for every i < n, on one thread per core but at most four,
 // this one included; returns when every call has returned.
-void for_each_parallel(size_t n, const std::function<void(size_t)>& work) {
+void detail::for_each_parallel(size_t n, const std::function<void(size_t)>& work) {
   std::atomic<size_t> next{0};
   auto worker = [&]() {
     for (size_t i; (i = next.fetch_add(1)) < n;) work(i);
@@ -1171,6 +1175,10 @@ void for_each_parallel(size_t n, const std::function<void(size_t)>& work) {
   worker();
   for (auto& th : threads) th.join();
 }
+
+namespace {
+
+using detail::for_each_parallel;
 
 void record_failure(ProcessOutcome& o, const Error& e) {
   o.code = e.code();
@@ -1227,6 +1235,152 @@ Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, const De
     }
   }
   if (pids.empty()) pids = REMORA_TRY(snapshot_tree(root));  // attached by another controller
+  std::vector<ProcessOutcome> outcomes(pids.size());
+  for_each_parallel(pids.size(), [&](size_t i) {
+    outcomes[i].pid = pids[i];
+    auto r = detach_one(pids[i], opts);
+    outcomes[i].ok = r.ok();
+    if (r)
+      outcomes[i].unload = std::move(*r);
+    else
+      record_failure(outcomes[i], r.error());
+  });
+  return outcomes;
+}
+
+// ---- following a tree (follow.cc): the steps that need a session ----
+
+UniqueFd Controller::lease_pipe_held_by(pid_t pid) {
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [p, s] : sessions_) all.push_back(s);
+  }
+  // Our write ends by the pipe they name; the read end the child holds is a
+  // descriptor of the same pipe, inherited through the fork.
+  std::map<std::pair<dev_t, ino_t>, std::shared_ptr<Session>> pipes;
+  for (const auto& s : all) {
+    std::lock_guard lock(s->mu);
+    struct stat st {};
+    if (s->lease_fd && ::fstat(s->lease_fd.get(), &st) == 0) pipes[{st.st_dev, st.st_ino}] = s;
+  }
+  if (pipes.empty()) return UniqueFd();
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) return UniqueFd();
+  while (dirent* e = ::readdir(d.get())) {
+    struct stat st {};
+    if (e->d_name[0] == '.' || ::stat((dir + "/" + e->d_name).c_str(), &st) != 0) continue;
+    auto it = pipes.find({st.st_dev, st.st_ino});
+    if (it == pipes.end()) continue;
+    std::lock_guard lock(it->second->mu);
+    if (it->second->lease_fd) return UniqueFd(::fcntl(it->second->lease_fd.get(), F_DUPFD_CLOEXEC, 0));
+  }
+  return UniqueFd();
+}
+
+// A forked child that kept a session: made a session of this controller
+// without calling any tool (they are attached in it already). Its lease is
+// the controller's: the write end the child's watcher watches (the parent's
+// pipe, inherited) is shared with the parent's session, so that the pipe
+// closes only once both are detached; a child whose agent armed none (an
+// agent older than REMORA_AGENT_FEATURE_FORK_LEASE) gets a lease of its own.
+// `parent_ours`: its parent is a session of this controller, which is what
+// makes an unleased session (attach --keep, the C API) this one's.
+Result<ProcessOutcome> Controller::adopt(pid_t pid, int pidfd, const AttachOptions& opts, bool parent_ours) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string ctx = "adopt process " + std::to_string(pid);
+  UniqueFd ours = lease_pipe_held_by(pid);
+  auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
+  std::lock_guard lock(s->mu);
+  if (pidfd >= 0 && !pidfd_alive(pidfd))
+    return Error(Errc::kTargetExited, "process " + std::to_string(pid) + " exited");
+  remote::Target& t = *s->target;
+  if (!REMORA_TRY_CTX(resolve_agent(t, &s->agent), ctx))
+    return Error(Errc::kNotAttached, "process " + std::to_string(pid) + " has no Remora agent");
+  // A child just forked may not have run the agent's fork handler yet: its
+  // info block is its parent's copy (naming the parent's listener, no
+  // thread of the child) until the handler has armed the child's lease and
+  // the child's listener has published its tid.
+  Deadline deadline = Deadline::after(opts.timeout);
+  remora_agent_info info{};
+  for (long nap = 1000;; nap = std::min<long>(nap * 2, 20'000)) {
+    info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
+    const std::string task = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(info.listener_tid);
+    if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid != 0 && ::access(task.c_str(), F_OK) == 0)
+      break;
+    if (deadline.expired())
+      return Error(Errc::kTimedOut, "the agent's listener did not start in the forked process " +
+                                        std::to_string(pid) + " (is it stopped? send it SIGCONT)")
+          .with_context(ctx);
+    pause_briefly(nap);
+  }
+  if (!info.attached)
+    return Error(Errc::kNotAttached,
+                 "the agent in process " + std::to_string(pid) + " has no tools attached");
+  const bool leased = info.lease_pid != 0 && info.lease_expired == 0;
+  if (leased && !ours) {
+    info.tools[sizeof info.tools - 1] = '\0';
+    return Error(Errc::kAlreadyAttached, already_attached_message(info)).with_context(ctx);
+  }
+  if (!leased && !parent_ours)
+    return Error(Errc::kAlreadyAttached,
+                 "process " + std::to_string(pid) +
+                     " was forked from a process another session attached (no lease): "
+                     "it is that session's; remora detach -p " +
+                     std::to_string(pid) + " ends it")
+        .with_context(ctx);
+  s->listener = info.listener_tid;
+  if (leased) {
+    s->lease_fd = std::move(ours);
+  } else if (opts.lease) {
+    CallOptions on_listener{s->listener, opts.timeout};
+    REMORA_TRY(arm_lease_or_detach(t, pid, s->agent, on_listener, &s->lease_fd, ctx));
+  }
+  s->attached = true;
+  ProcessOutcome out;
+  out.pid = pid;
+  out.ok = true;
+  out.elapsed = std::chrono::steady_clock::now() - t0;
+  return out;
+}
+
+// Eight bytes read through /proc/PID/mem, no thread stopped: the agent's
+// info block is where it was unless the process exec'ed (a new program,
+// without the agent) or was unloaded.
+bool Controller::agent_left(pid_t pid) {
+  std::shared_ptr<Session> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(pid);
+    if (it == sessions_.end() || !it->second->attached) return false;
+    s = it->second;
+  }
+  std::lock_guard lock(s->mu);
+  if (s->agent.info == 0 || !pidfd_alive(s->pidfd.get())) return false;
+  uint64_t magic = 0;
+  auto r = s->target->read(RemoteAddr(s->agent.info), std::as_writable_bytes(std::span(&magic, 1)));
+  return !r || magic != REMORA_AGENT_MAGIC;
+}
+
+void Controller::forget(pid_t pid) {
+  std::shared_ptr<Session> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(pid);
+    if (it == sessions_.end()) return;
+    s = std::move(it->second);
+    sessions_.erase(it);
+    for (auto& [root, pids] : trees_) std::erase(pids, pid);
+  }
+  std::lock_guard lock(s->mu);
+  // The old program's memory is gone: nothing of ours is left to remove
+  // there, and no call may be made on the new one's behalf.
+  s->target->abandon_scratch();
+}
+
+std::vector<ProcessOutcome> Controller::detach_sessions(const DetachOptions& opts) {
+  auto pids = sessions();
   std::vector<ProcessOutcome> outcomes(pids.size());
   for_each_parallel(pids.size(), [&](size_t i) {
     outcomes[i].pid = pids[i];

@@ -81,7 +81,37 @@ struct AgentState {
   pid_t listener_tid = 0;
   pid_t lease_pid = 0;
   bool lease_expired = false;
-  std::string message;  // why the last agent call failed
+  pid_t forked_from = 0;  // forked while attached, from this parent (the process's view); protocol 4
+  std::string message;    // why the last agent call failed
+};
+
+// Following a tree while it grows (Controller::follow_start/follow_poll).
+struct FollowOptions {
+  // Also attach processes that appear under the tree without an inherited
+  // session: a child that exec'ed (its agent went with the old program), a
+  // child of a process that has no agent. false: forked children that kept
+  // the session (REMORA_AGENT_FEATURE_FORK_LEASE) are adopted, nothing new
+  // is attached (`remora attach --attach-children=false`).
+  bool attach_new = true;
+  // A process without the agent is attached once it has been seen in two
+  // polls at least this far apart with its libc mapped and no thread in its
+  // dynamic loader: an exec'ed program's loader must have finished (the
+  // agent is loaded through its libc's dlopen and pthread_create).
+  std::chrono::milliseconds settle{20};
+};
+
+// What one poll did about one process that appeared in a followed tree.
+struct FollowEvent {
+  enum class Kind {
+    kAdopted,   // forked while attached: its session (and lease) is now this controller's
+    kAttached,  // attached like a new process (it exec'ed, or its parent has no agent)
+    kFailed,    // could not be adopted or attached: outcome says why; not tried again
+  };
+  Kind kind = Kind::kFailed;
+  pid_t pid = 0;
+  pid_t parent = 0;     // its parent when it was found (0: unknown)
+  bool execed = false;  // kAttached: it had been adopted, then exec'ed (same pid, a new program)
+  ProcessOutcome outcome;
 };
 
 class Controller {
@@ -116,6 +146,28 @@ class Controller {
       pid_t root, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
   Result<std::vector<ProcessOutcome>> detach_tree(pid_t root, const DetachOptions& opts);
 
+  // Follows the tree under `root` while it grows: follow_start records the
+  // processes there are now (they are attach_tree's business, attached or
+  // not: follow_poll never looks at them again), then each follow_poll walks
+  // the tree again (/proc/PID/task/*/children) and deals with what
+  // appeared: a forked child whose agent kept this controller's session is
+  // adopted (a session of this controller from then on: in sessions(),
+  // detached with the rest, its lease this controller's, armed by the
+  // controller when the child's agent has none); a process without the agent
+  // is attached with `opts` once it has settled (FollowOptions::settle); an
+  // adopted process that exec'ed is attached again the same way. A process
+  // attached by another controller, or refused, is reported once (kFailed).
+  // A child that lives shorter than the time between two polls is never
+  // seen. Each poll costs a read of the children files of every thread of
+  // every process of the tree, plus an attach per new process; polls of one
+  // root must not run concurrently. rocattach_attach_tree and the C API do
+  // not follow: attach_tree stays a snapshot.
+  Result<void> follow_start(pid_t root, const FollowOptions& fo = {});
+  Result<std::vector<FollowEvent>> follow_poll(pid_t root, const AttachOptions& opts);
+  // Detaches every session of this controller (attach, attach_tree and
+  // followed processes), four at a time; one outcome each.
+  std::vector<ProcessOutcome> detach_sessions(const DetachOptions& opts);
+
   // Reads the agent's state in `pid` (no thread is stopped).
   static Result<AgentState> status(pid_t pid);
   // The process tree under `root`, breadth-first, root first.
@@ -131,10 +183,17 @@ class Controller {
   Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<ProcessOutcome> attach_steps(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<UnloadReport> detach_one(pid_t pid, const DetachOptions& opts);
+  // follow.cc's steps that need a session's insides (attach.cc).
+  Result<ProcessOutcome> adopt(pid_t pid, int pidfd, const AttachOptions& opts, bool parent_ours);
+  bool agent_left(pid_t pid);              // an adopted or attached process exec'ed: its agent is gone
+  void forget(pid_t pid);                  // drops the session of a process that exec'ed
+  UniqueFd lease_pipe_held_by(pid_t pid);  // a dup of our lease write end whose read end `pid` holds
+  struct Follow;
 
   mutable std::mutex mu_;
   std::map<pid_t, std::shared_ptr<Session>> sessions_;
-  std::map<pid_t, std::vector<pid_t>> trees_;  // root -> pids attached by attach_tree
+  std::map<pid_t, std::vector<pid_t>> trees_;         // root -> pids attached by attach_tree
+  std::map<pid_t, std::shared_ptr<Follow>> follows_;  // root -> what follow_poll knows
 };
 
 // Finds libremora-agent.so (see AttachOptions::agent_path).

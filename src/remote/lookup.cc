@@ -66,6 +66,8 @@ const procfs::MapEntry* header_mapping(const MappedLibrary& lib) {
   return best;
 }
 
+}  // namespace
+
 // openat2(RESOLVE_IN_ROOT) keeps every absolute or ".." symlink inside the
 // target's root: a container's /lib/libc.so.6 -> /opt/x/libc.so.6 resolves to
 // <root>/opt/x/libc.so.6, never to the controller's own /opt/x.
@@ -89,8 +91,6 @@ Result<UniqueFd> open_in_root(pid_t pid, const std::string& path) {
   }
   return UniqueFd(static_cast<int>(fd));
 }
-
-}  // namespace
 
 std::vector<MappedLibrary> all_libraries(const std::vector<procfs::MapEntry>& maps) {
   std::vector<MappedLibrary> libs;
@@ -212,6 +212,13 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
             lib.path[prefix.size()] == '/')
           opened = open_in_root(pid, lib.path.substr(prefix.size()));
       }
+    }
+    if (!opened && opened.error().sys_errno() == ENOENT && lib.deleted) {
+      // Deleted since it was loaded (a copy Remora placed in a root without
+      // /proc, see remote/visible_file.h, or any library removed after its
+      // load): as for a memfd, the image in memory is the one mapped.
+      route = OpenRoute::kMemory;
+      return elf::ElfImage::from_memory(hdr->start, read);
     }
     UniqueFd f = REMORA_TRY_CTX(
         std::move(opened), lib.deleted ? "the mapped file " + lib.path + " was deleted" : "open mapped file");

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "base/unique_fd.h"
 #include "elf/elf_image.h"
 #include "procfs/procfs.h"
 #include "remote/memory.h"
@@ -59,6 +60,11 @@ struct LookupOptions {
   // Tests set this to exercise the /proc/PID/root fallback.
   bool use_map_files = true;
 };
+
+// Opens `path` (read-only) as process `pid` sees it: resolved inside its
+// root (/proc/PID/root, openat2 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so
+// no absolute or ".." symlink leads out of a container to a file of ours.
+Result<UniqueFd> open_in_root(pid_t pid, const std::string& path);
 
 // Finds a library by name. See the header comment for the rules.
 Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps,

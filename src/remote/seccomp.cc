@@ -497,11 +497,11 @@ std::vector<PlannedSyscall> engine_syscalls(const EnginePlan& plan) {
     constexpr uint64_t kSize = 64 * 1024;
     out.push_back({SYS_mmap,
                    "which Remora needs to create its scratch mapping",
-                   {0, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0},
+                   {0, kSize, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0},
                    kAll});
     out.push_back({SYS_mprotect,
-                   "which Remora needs to make its stub code executable",
-                   {0, 4096, PROT_READ | PROT_EXEC, 0, 0, 0},
+                   "which Remora needs to make its scratch data writable",
+                   {0, kSize - 4096, PROT_READ | PROT_WRITE, 0, 0, 0},
                    0b110});
     out.push_back({SYS_prctl,
                    "which Remora uses to name its scratch mapping",

@@ -357,13 +357,22 @@ TEST(SeccompLibseccomp, ProgramsItMakes) {
       << r.error().message();
   EXPECT_TRUE(check(kill_mmap, engine_syscalls({.marked_call = true}), "call").ok());
 
-  // ERRNO(EPERM) on mmap only with PROT_EXEC: the engine's mmap has none.
+  // ERRNO(EPERM) on mmap with PROT_WRITE|PROT_EXEC (a W^X policy, as
+  // systemd's MemoryDenyWriteExecute): the engine's mmap is R-X, never both.
+  scmp_filter_ctx wx = seccomp_init(SCMP_ACT_ALLOW);
+  ASSERT_EQ(seccomp_rule_add(wx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(mmap), 1,
+                             SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_WRITE | PROT_EXEC, PROT_WRITE | PROT_EXEC)),
+            0);
+  const Program wx_mmap[] = {export_bpf(wx)};
+  EXPECT_TRUE(check(wx_mmap, engine_syscalls({.creates_scratch = true}), "call").ok());
+  // ERRNO(EPERM) on every mmap with PROT_EXEC: the scratch's code page is
+  // mapped R-X, so that is refused before anything changes.
   scmp_filter_ctx exec = seccomp_init(SCMP_ACT_ALLOW);
   ASSERT_EQ(seccomp_rule_add(exec, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(mmap), 1,
                              SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_EXEC, PROT_EXEC)),
             0);
   const Program exec_mmap[] = {export_bpf(exec)};
-  EXPECT_TRUE(check(exec_mmap, engine_syscalls({.creates_scratch = true}), "call").ok());
+  EXPECT_FALSE(check(exec_mmap, engine_syscalls({.creates_scratch = true}), "call").ok());
   EXPECT_EQ(rets(evaluate(exec_mmap[0], call(SYS_mmap, {0, 4096, PROT_EXEC}))),
             std::vector<uint32_t>{kErrnoEperm});
 

@@ -26,6 +26,7 @@
 #include "ptrace/ptrace.h"
 #include "remote/lookup.h"
 #include "remote/memory.h"
+#include "remote/musl.h"
 #include "remote/seccomp.h"
 #include "remote/target_impl.h"
 #include "remote/transaction.h"
@@ -88,6 +89,16 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   // No program interpreter: a statically linked program (AT_BASE is the
   // interpreter's load address, 0 when there is none).
   im.is_static = procfs::auxv_get(auxv, AT_BASE).value_or(0) == 0;
+  if (im.is_static) return target;
+  auto maps = REMORA_TRY_CTX(procfs::read_maps(pid), "open process " + p);
+  // musl: refused at once, before anything is looked up or changed.
+  const std::string interp = maps_glibc(maps) ? std::string() : program_interpreter(pid).value_or("");
+  if (auto loader = musl_loader(interp, maps))
+    return std::move(musl_error(process_str(pid, im.ns_pid), *loader)).with_context("open process " + p);
+  // What controllers killed mid-call left behind. A failure here changes
+  // nothing the session needs: it is logged, and the mappings stay.
+  if (auto n = im.reclaim_dead_scratch(maps); !n)
+    REMORA_LOG(kRemote, "scratch reclaim in process %d: %s", pid, n.error().to_string().c_str());
   return target;
 }
 
@@ -118,7 +129,7 @@ Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data
   std::optional<uint64_t> own;
   {
     std::lock_guard lock(impl_->mu);
-    if (impl_->scratch && impl_->scratch_owned) own = impl_->scratch;
+    if (impl_->scratch && impl_->scratch_owned) own = impl_->scratch_base;
     impl_->scratch = code.addr();
     impl_->data_base = data.addr();
     impl_->data_size = data_size;
@@ -155,6 +166,7 @@ std::optional<Target::Mapping> Target::take_retired_scratch() {
 void Target::abandon_scratch() {
   std::lock_guard lock(impl_->mu);
   impl_->scratch.reset();
+  impl_->scratch_owned = false;
   impl_->session_used = 0;
 }
 
@@ -165,7 +177,10 @@ void Target::set_use_map_files(bool use) {
   impl_->images.clear();
 }
 
-std::optional<uint64_t> Target::scratch_address() const { return impl_ ? impl_->scratch : std::nullopt; }
+std::optional<uint64_t> Target::scratch_address() const {
+  if (!impl_ || !impl_->scratch) return std::nullopt;
+  return impl_->scratch_owned ? impl_->scratch_base : *impl_->scratch;
+}
 
 Result<void> Target::read(RemoteAddr addr, std::span<std::byte> out) {
   return impl_->mem.read(addr.addr(), out);
@@ -334,7 +349,7 @@ Result<void> Target::close() {
     impl_->session_used = 0;
     return ok();
   }
-  uint64_t base = *impl_->scratch;
+  uint64_t base = impl_->scratch_base;
   // munmap runs through libc's syscall() gadget, never from the scratch page
   // it removes: a thread whose controller died right after the munmap must
   // return into mapped code (and from there restore itself).

@@ -10,12 +10,15 @@
 //    nanosleep, epoll_wait, futex, accept or waitpid finishes that call as if
 //    nothing had happened.
 //  * The code run by T lives in a private scratch mapping of the target,
-//    created on the first call and removed by close(). The call runs on T's
-//    own stack below the red zone, 16-byte aligned.
+//    created on the first call and removed by close(). It starts with a
+//    header naming its owner (remote/scratch.h). The call runs on T's own
+//    stack below the red zone, 16-byte aligned.
 //  * A frame built on T's stack lets T restore itself (rt_sigreturn) if the
 //    controller dies at any instant: the target goes on running correctly.
-//    In that case only the scratch mapping (64 KiB) remains. The same
-//    rt_sigreturn is the normal restore wherever the frame is exact.
+//    In that case only the scratch mapping (64 KiB) remains, until the next
+//    open() of the process removes it (once its owner is gone and no thread
+//    can still run in it). The same rt_sigreturn is the normal restore
+//    wherever the frame is exact.
 //  * A function runs under PTRACE_CONT: its own system calls cost no ptrace
 //    stops. The call ends at a signal the process ignores, which the stub
 //    sends itself and which is dequeued only once T is restored (a "marked
@@ -94,8 +97,12 @@ class Target {
   // this order, each with its own error code and a message saying what to do:
   // no such process, the caller's own process, a zombie, a kernel thread,
   // another tracer holds it (names the tracer pid), ptrace refused (names the
-  // refusing rule: uid, CAP_SYS_PTRACE, Yama ptrace_scope, not dumpable).
-  // Statically linked targets are refused when a call needs libc.
+  // refusing rule: uid, CAP_SYS_PTRACE, Yama ptrace_scope, not dumpable),
+  // a process on musl libc (Errc::kNotSupported, naming its loader; see
+  // remote/musl.h). Statically linked targets are refused when a call needs
+  // libc. Then removes the scratch mappings that controllers killed mid-call
+  // left in the process (remote/scratch.h; logged on channel "remote"; a
+  // failure there is logged and does not fail the open).
   static Result<std::unique_ptr<Target>> open(pid_t pid);
   ~Target();  // close(), errors ignored
   Target(const Target&) = delete;

@@ -24,15 +24,13 @@
 #include "procfs/procfs.h"
 #include "remote/lookup.h"
 #include "remote/memory.h"
+#include "remote/scratch.h"
 #include "remote/seccomp.h"
 #include "remote/target.h"
 
 namespace remora::remote {
 
-inline constexpr uint64_t kPage = 4096;
-// Scratch: page 0 holds the stubs (RX), the rest is data for byte arguments.
-inline constexpr uint64_t kScratchSize = 16 * kPage;
-inline constexpr uint64_t kScratchData = kPage;
+// The scratch's layout (header, stubs, data): remote/scratch.h.
 // The last quarter of the data area serves scratch_alloc (session memory);
 // the rest holds the byte arguments of one call.
 constexpr uint64_t session_area(uint64_t data_size) { return (data_size / 4) & ~uint64_t{15}; }
@@ -46,6 +44,10 @@ inline constexpr uint64_t kSetupRequest = ~uint64_t{0};
 // target lives in another pid namespace: users give the pid they see, the
 // target knows itself by the other.
 std::string process_str(pid_t pid, pid_t ns_pid);
+
+// The header of a scratch mapping this controller creates at `base`
+// (remote/scratch.h; scratch_reclaim.cc).
+ScratchHeader own_header(uint64_t base);
 
 // The two libc code addresses used before the scratch mapping exists.
 struct Gadgets {
@@ -63,14 +65,18 @@ struct Target::Impl {
   uint64_t at_phdr = 0;
   bool is_static = false;
   std::optional<uint64_t> scratch;  // address of the stub code
+  uint64_t scratch_base = 0;        // our own mapping's start (its header), while scratch_owned
   uint64_t data_base = 0, data_size = 0;
   bool scratch_owned = false;       // our own mapping (munmap at close), or adopted
-  std::optional<uint64_t> retired;  // our own mapping, replaced by adopted stubs, not yet removed
+  std::optional<uint64_t> retired;  // our own mapping's start, replaced by adopted stubs, not yet removed
   std::optional<Gadgets> gadgets;
   pid_t preferred_tid = 0;  // the last thread that worked well
   // Run system calls through libc's gadgets even when the scratch exists:
   // munmap of the scratch itself must not return into the page it removes.
   bool force_gadget = false;
+  // A system call through libc's gadgets that must not create the scratch
+  // (removing dead controllers' scratch at open: see scratch_reclaim.cc).
+  bool gadget_only = false;
   uint64_t session_used = 0;  // bytes handed out by scratch_alloc
   // Marked calls (see choose_marker): the process's signal dispositions, as
   // last read, and a counter for the cookies that prove a call returned.
@@ -99,6 +105,12 @@ struct Target::Impl {
                             std::vector<procfs::MapEntry>& maps);
   int choose_marker(uint64_t blocked);
   Result<void> ensure_scratch(pid_t tid, std::chrono::milliseconds timeout);
+  // Removes the scratch mappings of controllers that are gone (see
+  // remote/scratch.h); returns how many. Never removes one it is unsure of.
+  Result<int> reclaim_dead_scratch(const std::vector<procfs::MapEntry>& maps);
+  Result<uint64_t> gadget_syscall(long nr, std::array<uint64_t, 6> args, std::chrono::milliseconds timeout);
+  Result<std::pair<uint64_t, uint64_t>> thread_position(pid_t tid);  // pc, sp
+  Result<std::vector<ThreadSnapshot>> survey_threads();
 
   // Where the stubs are for the next step: the scratch's, or libc's gadgets
   // before it exists (and for a system call while force_gadget holds).
@@ -110,7 +122,8 @@ struct Target::Impl {
   }
   // A scratch mapping of our own, just created at `base`, is the session's.
   void adopt_own_scratch(uint64_t base) {
-    scratch = base;
+    scratch = base + kScratchStub;
+    scratch_base = base;
     data_base = base + kScratchData;
     data_size = kScratchSize - kScratchData;
     scratch_owned = true;

@@ -75,9 +75,13 @@ Transaction::~Transaction() { release(); }
 
 // Mask first, registers last: until the registers change, the thread would
 // still restore itself through the frame if we died now. Then the detach,
-// then what was held back, in the order it arrived.
+// then what was held back, in the order it arrived. Last, the scratch's busy
+// word, once the thread stands restored outside our code.
 void Transaction::release() {
-  if (!attached_) return;
+  if (!attached_) {
+    clear_busy();
+    return;
+  }
   if (modified_) {
     (void)ptrace::set_sigmask(tid_, saved_.sigmask);
     (void)ptrace::set_xstate(tid_, saved_.xstate);
@@ -94,6 +98,7 @@ void Transaction::release() {
       ::kill(im_.pid, pending_stop_);
   }
   for (int sig : held_signals_) ::syscall(SYS_tgkill, im_.pid, tid_, sig);
+  clear_busy();
 }
 
 Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
@@ -108,17 +113,18 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     plan(is_syscall, args, on_stack);
     // Still nothing changed: refuse here what the thread's seccomp filter
     // would refuse (or kill the process for).
+    const bool creates = !im_.scratch && !im_.gadget_only;
     REMORA_TRY(im_.seccomp_guard.check_stopped(
         tid_,
         seccomp::engine_syscalls(
-            {marker_ != 0, !im_.scratch, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args}),
+            {marker_ != 0, creates, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args}),
         ""));
     REMORA_TRY(write_frame(on_stack));
     // With the scratch ready and no mask dance to do, the call's own
     // registers are the self-restoring path: the stub ends in rt_sigreturn.
     const bool direct = im_.scratch.has_value() && !saved_.swap_mask && !is_syscall;
     REMORA_TRY(enter_restore_path(direct));
-    if (!im_.scratch) REMORA_TRY(create_scratch(is_syscall, fn_or_nr, args));
+    if (creates) REMORA_TRY(create_scratch(is_syscall, fn_or_nr, args));
     // A system call is restored by ptrace: the thread stands at its exit with
     // the stub's tail still to run, and a later transaction may remove the
     // code it would run it from (Target::close).
@@ -279,7 +285,9 @@ Result<void> Transaction::enter_restore_path(bool direct) {
 
 // The first call of a session maps the scratch: stubs (RX page) and data.
 Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args) {
-  auto base = REMORA_TRY_CTX(syscall(a::nr::kMmap, {0, kScratchSize, PROT_READ | PROT_WRITE,
+  // R-X first, written through /proc/PID/mem, then all but the code page
+  // made RW (the order and why: remote/scratch.h).
+  auto base = REMORA_TRY_CTX(syscall(a::nr::kMmap, {0, kScratchSize, PROT_READ | PROT_EXEC,
                                                     MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0}),
                              "create the scratch mapping");
   // An address not page-aligned is no mmap result: a seccomp kill rolled
@@ -291,14 +299,23 @@ Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, st
   const uint64_t b = base;
   static const char kName[] = "remora-scratch";
   auto steps = [&]() -> Result<void> {
-    REMORA_TRY(im_.mem.write(b, a::stub_code()));
-    // Its name, for the setup routine (below).
-    REMORA_TRY(im_.mem.write(b + kScratchData, std::as_bytes(std::span(kName))));
-    auto prot = REMORA_TRY(syscall(a::nr::kMprotect, {b, kPage, PROT_READ | PROT_EXEC, 0, 0, 0}));
+    // The header first, in the same write as the name and the stubs: until
+    // it is there, a controller that dies leaves a mapping nobody can tell
+    // from the program's own (remote/scratch.h).
+    std::vector<std::byte> head(kScratchStub + a::Stub::kSize);
+    const ScratchHeader h = own_header(b);
+    std::memcpy(head.data(), &h, sizeof h);
+    std::memcpy(head.data() + kScratchNameOffset, kName, sizeof kName);
+    const auto code = a::stub_code();
+    std::memcpy(head.data() + kScratchStub, code.data(), code.size());
+    REMORA_TRY(im_.mem.write(b, head));
+    auto prot = REMORA_TRY(
+        syscall(a::nr::kMprotect, {b + kPage, kScratchSize - kPage, PROT_READ | PROT_WRITE, 0, 0, 0}));
     if (prot != 0)
-      return im_.seccomp_guard.denial_error(Error(Errc::kIo, "mprotect of the stub page failed in the target",
-                                                  static_cast<int>(-static_cast<int64_t>(prot))),
-                                            tid_, a::nr::kMprotect, static_cast<int64_t>(prot));
+      return im_.seccomp_guard.denial_error(
+          Error(Errc::kIo, "mprotect of the scratch's data failed in the target",
+                static_cast<int>(-static_cast<int64_t>(prot))),
+          tid_, a::nr::kMprotect, static_cast<int64_t>(prot));
     return ok();
   };
   if (auto r = steps(); !r) {
@@ -311,8 +328,8 @@ Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, st
     // that a person reading /proc/PID/maps sees what it is (Linux 5.17+ with
     // CONFIG_ANON_VMA_NAME; failure is harmless), and never inherited by a
     // fork of the target.
-    fn_or_nr = b + a::Stub::kScratchSetup;
-    args = {b, kScratchSize, b + kScratchData, 0, 0, 0};
+    fn_or_nr = *im_.scratch + a::Stub::kScratchSetup;
+    args = {b, kScratchSize, b + kScratchNameOffset, 0, 0, 0};
   }
   return ok();
 }
@@ -325,17 +342,65 @@ Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, st
 // alone costs a kernel vmalloc per request).
 Result<uint64_t> Transaction::function_call(uint64_t fn, const std::array<uint64_t, 6>& args, bool direct) {
   const uint64_t stub = *im_.scratch;
-  REMORA_TRY(ptrace::set_regs(tid_, a::call_regs(saved_.regs, fn, args, frame_, stub, marker_, cookie_)));
+  // In our own scratch the call is marked busy in its header, and a marked
+  // call's stub echoes the cookie there when the function returns: a
+  // controller that finds this scratch after we died knows whether the
+  // call is over (remote/scratch.h). The agent's stubs have no header: the
+  // result slot stays on the frame.
+  a::FramePlan plan = frame_;
+  if (im_.scratch_owned) {
+    plan.result_slot = im_.scratch_base + kScratchEcho;
+    const std::array<uint64_t, 3> busy = {cookie_, static_cast<uint64_t>(tid_), plan.call_sp};
+    REMORA_TRY_CTX(im_.mem.write(im_.scratch_base + kScratchCookieOffset, std::as_bytes(std::span(busy))),
+                   "mark the scratch busy");
+    busy_marked_ = true;
+  }
+  result_slot_ = plan.result_slot;
+  REMORA_TRY(ptrace::set_regs(tid_, a::call_regs(saved_.regs, fn, args, plan, stub, marker_, cookie_)));
   modified_ = true;
   if (direct) REMORA_TRY(ptrace::set_sigmask(tid_, ~uint64_t{0}));
   if (marker_ != 0) {
     auto value = REMORA_TRY(run_marked(a::call_return_end(stub, true)));
     if (modified_ && frame_is_exact_) modified_ = false;  // detached at rt_sigreturn's entry
+    busy_marked_ = false;                                 // the stub echoed the cookie
     return value;
   }
   auto value = REMORA_TRY(run_until(a::nr::kRtSigreturn, a::call_return_end(stub, false), true));
   if (frame_is_exact_) modified_ = false;  // detached at rt_sigreturn's entry, the thread restores itself
   return value;
+}
+
+// The call is over (or abandoned, its thread taken back): nothing runs in
+// the scratch for it any more. Done by the stub itself for a marked call
+// that returned.
+void Transaction::clear_busy() {
+  if (!busy_marked_) return;
+  busy_marked_ = false;
+  (void)im_.mem.write(im_.scratch_base + kScratchEcho + 8, std::as_bytes(std::span(&cookie_, 1)));
+}
+
+// Stops the thread and reads where it is, changing nothing: a thread
+// interrupted in a system call gets the same restart a call's release
+// gives it (save() fixed it), so it finishes that call as if nothing
+// happened.
+Result<Transaction::Regs> Transaction::observe() {
+  REMORA_TRY_CTX(im_.seccomp_guard.before_seize(im_.pid, tid_), process_str(im_.pid, im_.ns_pid));
+  REMORA_TRY_CTX(ptrace::seize(im_.pid, tid_, PTRACE_O_TRACESYSGOOD), "seize " + who_);
+  attached_ = true;
+  auto steps = [&]() -> Result<void> {
+    REMORA_TRY(stop());
+    REMORA_TRY(save());
+    modified_ = true;  // release restores the resume state
+    return ok();
+  };
+  if (auto r = steps(); !r) {
+    if (r.error().code() == Errc::kTargetExited) attached_ = false;
+    release();
+    return std::move(r).error().with_context(who_);
+  }
+  Regs regs = saved_.regs;
+  release();
+  return regs;
 }
 
 // Runs one system call on the thread and returns its result.
@@ -407,7 +472,7 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
     // the stub says rt_sigreturn has restored the frame.
     auto where = REMORA_TRY(ptrace::get_syscall_info(tid_));
     std::array<uint64_t, 2> slot{};
-    REMORA_TRY(im_.mem.read(frame_.result_slot, std::as_writable_bytes(std::span(slot))));
+    REMORA_TRY(im_.mem.read(result_slot_, std::as_writable_bytes(std::span(slot))));
     const bool returned = slot[1] == cookie_;
     if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
       modified_ = false;

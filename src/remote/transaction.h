@@ -41,6 +41,9 @@ class Transaction {
   // scratch's own setup routine) or a system call (`is_syscall`).
   Result<CallReport> run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                          std::span<const Target::Impl::StackArg> on_stack);
+  // Seizes and stops the thread, returns its registers as saved (pc and
+  // stack pointer for the scratch reclaim) and releases it unchanged.
+  Result<arch::HostRegs> observe();
 
  private:
   using Regs = arch::HostRegs;
@@ -74,6 +77,7 @@ class Transaction {
   Error fault_error(const siginfo_t& si) const;
 
   void release();
+  void clear_busy();
 
   Target::Impl& im_;
   const pid_t tid_;
@@ -95,6 +99,8 @@ class Transaction {
   int marker_ = 0;
   uint64_t marker_bit_ = 0;
   uint64_t cookie_ = 0;
+  uint64_t result_slot_ = 0;  // where the marked stub writes result and cookie
+  bool busy_marked_ = false;  // our scratch's header says this call is in flight
   arch::host::FramePlan frame_;
 };
 

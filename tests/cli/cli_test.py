@@ -353,9 +353,15 @@ def test_default_tool_output(tmp):
         for pid in pids:
             m = re.search(r"^==> pid %d: (\S+)$" % pid, out, re.M)
             check(m and m.group(1).startswith(where + "/"), "the output of pid %d is under %s" % (pid, where), out)
-            for f in ("summary.txt", "trace.json", "flamegraph.svg", "folded.txt", "stats.csv"):
-                check(os.path.exists(os.path.join(m.group(1), f)) and os.path.join(m.group(1), f) in out,
-                      "%s exists and is named" % f, out)
+            # The tool left its raw records; remora rendered the rest and
+            # printed the summary, which names each file of the directory.
+            check("  output: " + m.group(1) + "\n" in out, "the summary names the directory", out)
+            for f in ("profile.remora", "trace.perfetto", "profile.pb.gz", "trace.json", "flamegraph.svg",
+                      "folded.txt", "stats.csv", "summary.txt"):
+                check(os.path.exists(os.path.join(m.group(1), f)), "%s exists" % f, out)
+                check(f == "summary.txt" or f == "profile.remora" or "    " + f + " " in out,
+                      "%s is named in the summary" % f, out)
+            check("Render again with: remora report " + m.group(1) in out, "says how to render again", out)
         check("Remora profile of remora_cli_targ" in out, "the summary is printed", out)
     p.send_signal(signal.SIGTERM)
     check(p.wait(timeout=10) == 0, "the target exits cleanly")

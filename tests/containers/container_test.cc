@@ -12,9 +12,13 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "attach/attach.h"
 #include "base/result.h"
 #include "ctr_support.h"
 #include "elf/elf_image.h"
@@ -145,6 +150,16 @@ std::function<void(Report&)> call_value_body(pid_t pid, const std::string& lib =
     call_and_note(r, *t, lib, "ctr_value");
     (void)t->close();
   };
+}
+
+// The number of descriptors the target holds (/proc/PID/fd, our side's /proc).
+std::string count_fds(pid_t pid) {
+  DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (d == nullptr) return std::string("unreadable: ") + std::strerror(errno);
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return std::to_string(n);
 }
 
 // --- the fixture ------------------------------------------------------------------
@@ -405,14 +420,7 @@ TEST_F(ContainerTest, HostOnlyLibraryLoadsThroughAMemfd) {
   ASSERT_EQ(::chmod(host_lib.c_str(), 0644), 0);
   ASSERT_NO_FATAL_FAILURE(start({std::string("dlopen:") + kLib}));
   const pid_t pid = target_->pid();
-  auto count_fds = [pid]() -> std::string {
-    DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
-    if (d == nullptr) return std::string("unreadable: ") + std::strerror(errno);
-    int n = 0;
-    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-    ::closedir(d);
-    return std::to_string(n);
-  };
+  auto count_fds = [pid]() { return ctr_test::count_fds(pid); };
   Report r = run_controller([&](Report& rep) {
     note_map_files(rep, pid);
     auto t = open_target(rep, pid);
@@ -466,6 +474,286 @@ TEST_F(ContainerTest, HostOnlyLibraryLoadsThroughAMemfd) {
   EXPECT_EQ(get(r, "dlsym_value"), "31337") << to_string(r);
   EXPECT_EQ(get(r, "value"), "31337") << "call_symbol on the memfd-backed library\n" << to_string(r);
   EXPECT_EQ(get(r, "by_name_value"), "31337") << "call_symbol by the library's file name\n" << to_string(r);
+}
+
+// --- delivery without /proc in the target ---------------------------------------
+//
+// A root without /proc mounted (or one where memfd_create is refused) cannot
+// open "/proc/self/fd/N": make_visible places a copy in the first of /tmp,
+// /dev/shm, /run that is, inside the target's root, writable and not
+// noexec, and release() removes it. The target itself says what its
+// directories hold while the library is loaded and afterwards.
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += (s.empty() ? "" : ",") + l;
+  return s;
+}
+
+// The controller's body: make `host_lib` visible, dlopen it in the target,
+// release it, call its function through the target's dlsym.
+std::function<void(Report&)> deliver_body(ContainerProcess* target, const std::string& host_lib) {
+  return [target, host_lib](Report& rep) {
+    const pid_t pid = target->pid();
+    auto ls = [&](const char* dir, const char* key) {
+      std::vector<std::string> lines;
+      std::string err;
+      rep[key] = target->ask(std::string("ls ") + dir, &lines, &err) ? joined(lines) : "ask failed: " + err;
+    };
+    note_map_files(rep, pid);
+    auto t = open_target(rep, pid);
+    if (!t) return;
+    rep["fds_before"] = count_fds(pid);
+    ls("/tmp", "tmp_before");
+    auto vf = remote::make_visible(*t, host_lib);
+    if (!vf) {
+      rep["visible_code"] = std::string(errc_name(vf.error().code()));
+      rep["visible_error"] = vf.error().to_string();
+      rep["fds_after"] = count_fds(pid);
+      ls("/tmp", "tmp_after");
+      return;
+    }
+    rep["visible_path"] = vf->path;
+    rep["visible_via"] = vf->via_memfd() ? "memfd" : vf->via_placed_file() ? "placed" : "path";
+    struct stat st {};
+    std::string in_root = "/proc/" + std::to_string(pid) + "/root" + vf->path;
+    if (::stat(in_root.c_str(), &st) == 0) {
+      char mode[16];
+      std::snprintf(mode, sizeof mode, "%o", static_cast<unsigned>(st.st_mode & 07777));
+      rep["placed_mode"] = mode;
+      rep["placed_uid"] = std::to_string(st.st_uid);
+    }
+    // The place: the path less its last two parts (the private directory, the file).
+    std::string dir = vf->path.substr(0, vf->path.rfind('/'));
+    dir = dir.substr(0, dir.rfind('/'));
+    ls(dir.c_str(), "dir_during");
+    CallArg args[] = {CallArg::string(vf->path), CallArg::integer(RTLD_NOW)};
+    auto h = t->call_symbol("libc.so.6", "dlopen", args);
+    uint64_t handle = h ? h->value : 0;
+    rep["dlopen"] = h ? std::to_string(handle) : "error: " + h.error().to_string();
+    auto rel = remote::release(*t, *vf);
+    rep["release"] = rel ? "ok" : rel.error().to_string();
+    rep["fds_after"] = count_fds(pid);
+    ls(dir.c_str(), "dir_after");
+    ls("/tmp", "tmp_after");
+    if (auto maps = procfs::read_maps(pid)) {
+      for (const auto& m : *maps)
+        if (m.exec && m.path.find("libctr_host.so") != std::string::npos)
+          rep["mapped"] = m.path + (m.deleted ? " (deleted)" : "");
+    }
+    if (handle == 0) return;
+    CallArg sym_args[] = {CallArg::integer(handle), CallArg::string("ctr_host_value")};
+    auto addr = t->call_symbol("libc.so.6", "dlsym", sym_args);
+    if (addr && addr->value != 0) {
+      auto v = t->call(RemoteAddr(addr->value), {});
+      rep["dlsym_value"] = v ? std::to_string(static_cast<int>(v->value)) : v.error().to_string();
+    } else {
+      rep["dlsym_value"] = addr ? "dlsym returned NULL" : addr.error().to_string();
+    }
+    call_and_note(rep, *t, "libctr_host.so", "ctr_host_value", "by_name_");
+    (void)t->close();
+  };
+}
+
+class NoProcTest : public ContainerTest {
+ protected:
+  // The controller reads the library as kUid: a copy under base/host.
+  std::string host_library() {
+    const std::string host_lib = root_->host() + "/libctr_host.so";
+    std::error_code ec;
+    std::filesystem::copy_file(REMORA_CTR_LIB_HOST, host_lib, ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(::chmod(host_lib.c_str(), 0644), 0);
+    return host_lib;
+  }
+
+  void start_with(const ContainerOptions& options) {
+    std::string err;
+    target_ = ContainerProcess::start(root_->root(), "/prog", {}, &err, options);
+    ASSERT_TRUE(target_) << err;
+  }
+
+  // A copy placed in `dir`, loaded from there, gone afterwards.
+  void expect_loaded_from_placed_copy(const Report& r, const std::string& dir) {
+    expect_unprivileged_fallback(r);
+    expect_placed_copy_loaded_and_gone(r, dir);
+  }
+  void expect_placed_copy_loaded_and_gone(const Report& r, const std::string& dir) {
+    EXPECT_EQ(get(r, "visible_error"), "") << to_string(r);
+    EXPECT_EQ(get(r, "visible_via"), "placed") << to_string(r);
+    const std::string path = get(r, "visible_path");
+    EXPECT_EQ(path.rfind(dir + "/.remora-", 0), 0u) << to_string(r);
+    EXPECT_NE(path.find("/libctr_host.so"), std::string::npos) << "the library keeps its file name\n"
+                                                               << to_string(r);
+    EXPECT_EQ(get(r, "placed_mode"), "500") << to_string(r);
+    EXPECT_EQ(get(r, "placed_uid"), std::to_string(kUid)) << to_string(r);
+    EXPECT_NE(get(r, "dir_during").find(".remora-"), std::string::npos)
+        << "premise: the target sees the copy's directory in " << dir << "\n"
+        << to_string(r);
+    EXPECT_NE(get(r, "dlopen"), "0") << "dlopen returned NULL\n" << to_string(r);
+    EXPECT_EQ(get(r, "dlopen").rfind("error", 0), std::string::npos) << to_string(r);
+    EXPECT_EQ(get(r, "mapped").rfind(path, 0), 0u) << "the target maps the placed copy\n" << to_string(r);
+    EXPECT_NE(get(r, "mapped").find("(deleted)"), std::string::npos) << to_string(r);
+    EXPECT_EQ(get(r, "release"), "ok") << to_string(r);
+    EXPECT_EQ(get(r, "dir_after").find(".remora-"), std::string::npos)
+        << "the placed copy stayed behind in " << dir << "\n"
+        << to_string(r);
+    EXPECT_EQ(get(r, "tmp_after"), get(r, "tmp_before")) << to_string(r);
+    EXPECT_EQ(get(r, "fds_after"), get(r, "fds_before")) << to_string(r);
+    EXPECT_EQ(get(r, "dlsym_value"), "31337") << to_string(r);
+  }
+};
+
+// The same root without /proc mounted (measured before: "the target could not
+// load the agent:" with an empty reason): the copy goes to the root's /tmp.
+TEST_F(NoProcTest, WithoutProcTheLibraryIsLoadedFromACopyInTmp) {
+  REQUIRE_OVERLAY();
+  const std::string host_lib = host_library();
+  ContainerOptions o;
+  o.mount_proc = false;
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  Report r = run_controller(deliver_body(target_.get(), host_lib));
+  EXPECT_EQ(get(r, "tmp_before"), "") << "premise: an empty /tmp\n" << to_string(r);
+  expect_loaded_from_placed_copy(r, "/tmp");
+}
+
+// A read-only root with a tmpfs on /tmp, as `--read-only --tmpfs /tmp` makes.
+TEST_F(NoProcTest, ReadOnlyRootWithATmpfsTmpLoadsFromThere) {
+  REQUIRE_OVERLAY();
+  const std::string host_lib = host_library();
+  ContainerOptions o;
+  o.mount_proc = false;
+  o.read_only_root = true;
+  o.tmpfs = {{"/tmp", false}};
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  Report r = run_controller(deliver_body(target_.get(), host_lib));
+  expect_loaded_from_placed_copy(r, "/tmp");
+}
+
+// /tmp mounted noexec (a library there cannot be mapped executable): the next
+// place, a /dev/shm tmpfs, is taken.
+TEST_F(NoProcTest, NoexecTmpIsPassedOverForDevShm) {
+  REQUIRE_OVERLAY();
+  const std::string host_lib = host_library();
+  ContainerOptions o;
+  o.mount_proc = false;
+  o.read_only_root = true;
+  o.tmpfs = {{"/tmp", true}, {"/dev/shm", false}};
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  Report r = run_controller(deliver_body(target_.get(), host_lib));
+  expect_loaded_from_placed_copy(r, "/dev/shm");
+}
+
+// A controller running as root (sudo remora ...) creates the copy as root:
+// it is handed to the target's uid, or the target (uid 65534) could not read
+// a 0500 file.
+TEST_F(NoProcTest, CopyPlacedByRootBelongsToTheTargetsUid) {
+  REQUIRE_OVERLAY();
+  const std::string host_lib = host_library();
+  ContainerOptions o;
+  o.mount_proc = false;
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  ASSERT_EQ(::geteuid(), 0u) << "premise: this test process is root (missing_feature)";
+  Report r;
+  deliver_body(target_.get(), host_lib)(r);  // in this (root) process
+  expect_placed_copy_loaded_and_gone(r, "/tmp");
+}
+
+// A fully read-only root without /proc: no way exists. The error names the
+// missing /proc, each place tried and why, and the fixes; nothing is left.
+TEST_F(NoProcTest, FullyReadOnlyRootWithoutProcIsRefusedNamingThePlacesTried) {
+  REQUIRE_OVERLAY();
+  const std::string host_lib = host_library();
+  ContainerOptions o;
+  o.mount_proc = false;
+  o.read_only_root = true;
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  Report r = run_controller(deliver_body(target_.get(), host_lib));
+  expect_unprivileged_fallback(r);
+  EXPECT_EQ(get(r, "visible_code"), "not-supported") << to_string(r);
+  const std::string msg = get(r, "visible_error");
+  for (const char* part :
+       {"no /proc mounted", "/tmp: read-only file system", "/dev/shm: read-only file system",
+        "/run: read-only file system", "Mount /proc in the container", "writable /tmp"})
+    EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
+  EXPECT_EQ(get(r, "tmp_after"), get(r, "tmp_before")) << to_string(r);
+  EXPECT_EQ(get(r, "fds_after"), get(r, "fds_before")) << to_string(r);
+}
+
+// The whole attach (agent, then a tool, then a detach) into a root without
+// /proc, the controller unprivileged. It runs inside the target's pid
+// namespace, with a /proc of that namespace in a mount namespace of its own
+// (what `nsenter -p` and a private /proc give): a controller outside it is
+// refused today because the agent's loader reports its tid as its namespace
+// sees it (another change). The target itself shows the tool's log and its
+// /tmp, where no copy may stay.
+bool enter_pid_ns_of(pid_t pid, std::string* err) {
+  int fd = ::open(("/proc/" + std::to_string(pid) + "/ns/pid").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWPID) != 0) {
+    *err = std::string("enter the target's pid namespace: ") + std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  ::close(fd);
+  pid_t child = ::fork();
+  if (child < 0) {
+    *err = std::string("fork: ") + std::strerror(errno);
+    return false;
+  }
+  if (child > 0) {
+    // Only the child is in the namespace; it reports over the inherited pipe.
+    // run_controller's deadline kills us, and with us (PDEATHSIG) the child.
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    ::_exit(0);
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    *err = std::string("a /proc of the target's pid namespace: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+TEST_F(NoProcTest, AttachAndDetachAToolWithoutProc) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.mount_proc = false;
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  ContainerProcess* target = target_.get();
+  const pid_t host_pid = target->pid();
+  Report r = run_controller(
+      [target](Report& rep) {
+        auto ask = [&](const std::string& cmd) {
+          std::vector<std::string> lines;
+          std::string err;
+          return target->ask(cmd, &lines, &err) ? joined(lines) : "ask failed: " + err;
+        };
+        const pid_t pid = target->printed_pid();  // our pid namespace is the target's
+        attach::Controller c;
+        attach::AttachOptions opts;
+        opts.tools = {REMORA_CTR_HOOK_TOOL};
+        opts.agent_path = REMORA_CTR_AGENT;
+        opts.env = {{"REMORA_HOOK_LOG", "/tmp/hook.log"}};
+        auto a = c.attach(pid, opts);
+        rep["attach"] = !a ? a.error().to_string() : a->ok ? "ok" : a->message;
+        rep["tmp_attached"] = ask("ls /tmp");
+        rep["log_attached"] = ask("cat /tmp/hook.log");
+        auto d = c.detach(pid);
+        rep["detach"] = d ? "ok" : d.error().to_string();
+        rep["log_detached"] = ask("cat /tmp/hook.log");
+        rep["tmp_detached"] = ask("ls /tmp");
+      },
+      [host_pid](std::string* err) { return enter_pid_ns_of(host_pid, err); }, std::chrono::seconds(40));
+  EXPECT_EQ(get(r, "failure"), "") << to_string(r);
+  EXPECT_EQ(get(r, "attach"), "ok") << to_string(r);
+  EXPECT_NE(get(r, "log_attached").find("a:tool_attach"), std::string::npos) << to_string(r);
+  EXPECT_EQ(get(r, "tmp_attached"), "hook.log") << "a placed copy stayed behind in /tmp\n" << to_string(r);
+  EXPECT_EQ(get(r, "detach"), "ok") << to_string(r);
+  EXPECT_NE(get(r, "log_detached").find("a:tool_detach"), std::string::npos) << to_string(r);
+  EXPECT_EQ(get(r, "tmp_detached"), "hook.log") << to_string(r);
 }
 
 // A target that only chroot(2)s into its root (no pivot_root), as

@@ -216,11 +216,18 @@ std::unique_ptr<ContainerRoot> ContainerRoot::create(std::string* err) {
       return nullptr;
     }
   }
-  for (const char* d : {"/proc", "/tmp", "/lib"}) {
+  for (const char* d : {"/proc", "/tmp", "/lib", "/dev/shm", "/run"}) {
     std::error_code ec;
     fs::create_directories(root->lower() + d, ec);
     if (ec) {
       *err = "mkdir " + root->lower() + d + ": " + ec.message();
+      return nullptr;
+    }
+  }
+  // As in an image: everyone may create files in /tmp and /dev/shm.
+  for (const char* d : {"/tmp", "/dev/shm"}) {
+    if (::chmod((root->lower() + d).c_str(), 01777) != 0) {
+      *err = errno_str("chmod 1777 " + root->lower() + d);
       return nullptr;
     }
   }
@@ -353,6 +360,21 @@ bool replace_by_symlink(const std::string& path, const std::string& points_to, s
 std::unique_ptr<ContainerProcess> ContainerProcess::start(const std::string& root, const std::string& program,
                                                           const std::vector<std::string>& args,
                                                           std::string* err, RootChange how) {
+  ContainerOptions options;
+  options.how = how;
+  return start(root, program, args, err, options);
+}
+
+std::unique_ptr<ContainerProcess> ContainerProcess::start(const std::string& root, const std::string& program,
+                                                          const std::vector<std::string>& args,
+                                                          std::string* err, const ContainerOptions& options) {
+  const RootChange how = options.how;
+  if (how != RootChange::kPivotRoot && (options.read_only_root || !options.tmpfs.empty())) {
+    *err = "a read-only root and tmpfs mounts need RootChange::kPivotRoot";
+    return nullptr;
+  }
+  std::vector<std::string> tmpfs_at;
+  for (const auto& t : options.tmpfs) tmpfs_at.push_back(root + t.path);
   std::unique_ptr<ContainerProcess> proc(new ContainerProcess());
   int in[2], out[2], status_pipe[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(status_pipe, O_CLOEXEC) != 0) {
@@ -385,7 +407,16 @@ std::unique_ptr<ContainerProcess> ContainerProcess::start(const std::string& roo
       // pivot_root needs the new root to be a mount point.
       if (::mount(root.c_str(), root.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) die("bind the root");
     }
-    if (::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+    if (options.read_only_root &&
+        ::mount(nullptr, root.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
+      die("make the root read-only");
+    for (size_t i = 0; i < tmpfs_at.size(); ++i) {
+      unsigned long flags = MS_NOSUID | MS_NODEV | (options.tmpfs[i].noexec ? MS_NOEXEC : 0);
+      if (::mount("remora-ctr-tmp", tmpfs_at[i].c_str(), "tmpfs", flags, "mode=1777,size=64m") != 0)
+        die("mount a tmpfs in the root");
+    }
+    if (options.mount_proc &&
+        ::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
       die("mount proc in the root");
     if (how == RootChange::kPivotRoot) {
       // pivot_root(".", "."): the old root ends up on top of the new one,
@@ -440,6 +471,26 @@ std::unique_ptr<ContainerProcess> ContainerProcess::start(const std::string& roo
   }
   proc->printed_pid_ = std::atoi(text.c_str() + 6);
   return proc;
+}
+
+bool ContainerProcess::ask(const std::string& command, std::vector<std::string>* reply, std::string* err) {
+  reply->clear();
+  if (!write_all(stdin_fd_, command + "\n")) {
+    *err = errno_str("send '" + command + "' to the target");
+    return false;
+  }
+  std::string text;
+  bool eof = false;
+  auto done = [](const std::string& s) { return s == "end\n" || s.find("\nend\n") != std::string::npos; };
+  if (!read_until(stdout_fd_, &text, Clock::now() + std::chrono::seconds(10), done, &eof) || !done(text)) {
+    *err = "the target did not answer '" + command + "' within 10 s; it said: '" + text + "'" +
+           (eof ? " (end of output)" : "");
+    return false;
+  }
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line) && line != "end") reply->push_back(line);
+  return true;
 }
 
 ContainerProcess::~ContainerProcess() {

@@ -39,7 +39,8 @@ bool read_file(const std::string& path, std::string* out, std::string* err);
 
 // A directory under /tmp (mkdtemp), backed by its own tmpfs, holding the
 // layers of a container root:
-//   base/lower   the image: loader, libc, the program, fixture libraries
+//   base/lower   the image: loader, libc, the program, fixture libraries;
+//                /proc, /lib, /run, and /tmp and /dev/shm (mode 1777)
 //   base/upper, base/work   OverlayFS's writable layer and work directory
 //   base/merged  the overlay mount (the container's root)
 //   base/host    files that exist only on the controller's side
@@ -102,10 +103,28 @@ enum class RootChange {
   kChroot,
 };
 
+// How a ContainerProcess's root is shaped beyond the files in it.
+struct ContainerOptions {
+  RootChange how = RootChange::kPivotRoot;
+  // procfs on /proc inside the root; without it the directory stays empty,
+  // as in a runtime that mounts no /proc.
+  bool mount_proc = true;
+  // The root mount made read-only (kPivotRoot only), as `--read-only` does.
+  bool read_only_root = false;
+  // tmpfs mounts inside the root (kPivotRoot only), mode 1777; a path must
+  // exist in the root (ContainerRoot::create makes /tmp, /dev/shm, /run).
+  struct Tmpfs {
+    std::string path;
+    bool noexec = false;
+  };
+  std::vector<Tmpfs> tmpfs;
+};
+
 // A target process started in a container root: new mount and pid namespaces
 // (a clone(2) child of this process, so pid 1 of its namespace), /proc mounted
-// inside the root, pivot_root(2) or chroot(2), then setgroups/setresgid/
-// setresuid to kUid:kGid, then execve of `program` (a path inside the root).
+// inside the root (unless options say not), the root made read-only and
+// tmpfs mounted in it (if options say so), pivot_root(2) or chroot(2), then
+// setgroups/setresgid/setresuid to kUid:kGid, then execve of `program` (a path inside the root).
 // start() returns once the program printed "ready <pid>".
 //
 // The destructor closes its stdin (it exits), kills it and reaps it.
@@ -114,12 +133,19 @@ class ContainerProcess {
   static std::unique_ptr<ContainerProcess> start(const std::string& root, const std::string& program,
                                                  const std::vector<std::string>& args, std::string* err,
                                                  RootChange how = RootChange::kPivotRoot);
+  static std::unique_ptr<ContainerProcess> start(const std::string& root, const std::string& program,
+                                                 const std::vector<std::string>& args, std::string* err,
+                                                 const ContainerOptions& options);
   ~ContainerProcess();
   ContainerProcess(const ContainerProcess&) = delete;
   ContainerProcess& operator=(const ContainerProcess&) = delete;
 
   pid_t pid() const { return pid_; }                  // as this process sees it
   pid_t printed_pid() const { return printed_pid_; }  // as the target sees itself
+
+  // Sends one command line to the target (ctr_target.c: "ls DIR", "cat FILE") and
+  // returns the lines it answers before "end", within 10 s.
+  bool ask(const std::string& command, std::vector<std::string>* reply, std::string* err);
 
  private:
   ContainerProcess() = default;

@@ -6,9 +6,11 @@
 //                 where the kernel chooses (below the libraries) and once just
 //                 above the highest existing mapping of PATH.
 // Then it prints "ready <pid>" (its pid as it sees itself, in its own pid
-// namespace) on stdout and blocks reading stdin; it exits 0 at end of file.
+// namespace) on stdout and answers commands read from stdin (see main); it
+// exits 0 at end of file.
 // A step that fails prints "error <what>" and exits 2.
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -75,10 +77,29 @@ int main(int argc, char** argv) {
   }
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
-  char buf[256];
-  for (;;) {
-    ssize_t n = read(0, buf, sizeof buf);
-    if (n == 0) return 0;
-    if (n < 0 && errno != EINTR) return 3;
+  // Commands, one a line, each answered by lines ending with "end":
+  //   ls DIR    the names in DIR as this process sees it (not . and ..), or
+  //             "error <why>";
+  //   cat FILE  the lines of FILE as this process sees it, or "error <why>".
+  char line[4096];
+  while (fgets(line, sizeof line, stdin) != NULL) {
+    line[strcspn(line, "\n")] = '\0';
+    if (strncmp(line, "ls ", 3) == 0) {
+      DIR* d = opendir(line + 3);
+      if (d == NULL) printf("error %s\n", strerror(errno));
+      for (struct dirent* e; d != NULL && (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) printf("%s\n", e->d_name);
+      if (d != NULL) closedir(d);
+    } else if (strncmp(line, "cat ", 4) == 0) {
+      FILE* f = fopen(line + 4, "re");
+      if (f == NULL) printf("error %s\n", strerror(errno));
+      for (char text[1024]; f != NULL && fgets(text, sizeof text, f) != NULL;) fputs(text, stdout);
+      if (f != NULL) fclose(f);
+    } else {
+      printf("error unknown command %s\n", line);
+    }
+    printf("end\n");
+    fflush(stdout);
   }
+  return ferror(stdin) ? 3 : 0;
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "render.h"
 #include "workload.h"
 
 namespace fs = std::filesystem;
@@ -65,6 +66,7 @@ TEST(DefaultToolUnderAgent, AttachDetachReattach) {
     if (!e.is_directory()) continue;
     std::string name = e.path().filename().string();
     if (name.find("-s1-") != std::string::npos || name.find("-s2-") != std::string::npos) ++sessions;
+    ASSERT_EQ(rendered(e.path().string()), e.path().string());
     std::string cmd = "python3 " REMORA_CHECK_SCRIPT " '" + e.path().string() +
                       "' --expect-calls read,write --expect-frame workload_hash";
     EXPECT_EQ(system(cmd.c_str()), 0) << cmd;

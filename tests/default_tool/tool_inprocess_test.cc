@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "remora/tool.h"
+#include "render.h"
 #include "workload.h"
 
 namespace fs = std::filesystem;
@@ -205,7 +206,7 @@ TEST_F(DefaultToolTest, OneSessionWritesEveryOutput) {
   ASSERT_EQ(detach(), 0);
   EXPECT_EQ(w.stop_and_check(), "");
 
-  std::string d = tool().last_output;
+  std::string d = rendered(tool().last_output);
   ASSERT_FALSE(d.empty());
   EXPECT_EQ(fs::path(d).parent_path(), fs::path(out_));
   for (const char* f : {"trace.json", "folded.txt", "flamegraph.svg", "stats.csv", "summary.txt"})
@@ -310,7 +311,7 @@ TEST_F(DefaultToolTest, SamplesThreadsCreatedWhileAttached) {
   });
   late.join();
   ASSERT_EQ(detach(), 0);
-  std::string d = tool().last_output;
+  std::string d = rendered(tool().last_output);
   std::string folded = read_file(fs::path(d) / "folded.txt");
   EXPECT_NE(folded.find("workload_spin_for_ms"), std::string::npos) << folded.substr(0, 2000);
   // 700 ms of CPU time at 997 Hz: about 698 samples in workload_spin_for_ms
@@ -340,7 +341,7 @@ TEST_F(DefaultToolTest, TracingOnlyCreatesNoTimer) {
   for (int i = 0; i < 10; ++i) ASSERT_EQ(write(fd, "abc", 3), 3);
   close(fd);
   ASSERT_EQ(detach(), 0);
-  std::string stats = read_file(fs::path(tool().last_output) / "stats.csv");
+  std::string stats = read_file(fs::path(rendered(tool().last_output)) / "stats.csv");
   EXPECT_NE(stats.find("\ncall,write,"), std::string::npos) << stats;
   EXPECT_EQ(stats.find("\ncall,read,"), std::string::npos) << stats;
   EXPECT_EQ(stats.find("\nsample,"), std::string::npos) << stats;
@@ -375,7 +376,7 @@ TEST_F(DefaultToolTest, HundredCyclesKeepTheWorkloadCorrect) {
       sleep_ms(15);
     }
     ASSERT_EQ(detach(), 0) << cycle;
-    dirs.push_back(tool().last_output);
+    dirs.push_back(rendered(tool().last_output));
     EXPECT_EQ(count_timers(), timers) << cycle;
     w.feed_pipe();
     sleep_ms(5);
@@ -553,7 +554,7 @@ TEST_F(DefaultToolTest, HostileStacksNeverCrashTheProcess) {
     EXPECT_EQ(all[i]->wrong.load(), 0u) << names[i] << " computed wrongly";
     EXPECT_GT(all[i]->rounds.load(), 0u) << names[i] << " made no progress";
   }
-  std::string d = tool().last_output;
+  std::string d = rendered(tool().last_output);
   auto by_thread = samples_by_thread(read_file(fs::path(d) / "folded.txt"));
   for (const char* n : names) EXPECT_GT(by_thread[n], 0u) << "samples of " << n;
   // The altstack thread's samples inside its handler reach back through the

@@ -7,7 +7,7 @@ for every include that breaks one.
 Layers, lowest first (a layer may include any lower layer, never a peer or a
 higher one):
     include/ (public headers; they include only each other)
-    base <- procfs, elf <- arch <- ptrace <- remote <- control, attach <- capi <- cli, compat
+    base <- procfs, elf <- arch <- ptrace <- remote <- control, attach, profile <- capi <- cli, compat
 agent/ and tools/ run inside the target: they may include include/, the
 header-only headers of base/ (those without a .cc of their own), and their
 own files. agent/protocol.h, the protocol shared by the agent and the
@@ -30,6 +30,7 @@ RANK = {
     "remote": 5,
     "control": 6,
     "attach": 6,
+    "profile": 6,
     "capi": 7,
     "cli": 8,
     "compat": 8,
@@ -61,6 +62,12 @@ def resolve(root, including, name):
         candidate = os.path.normpath(os.path.join(base, name))
         if os.path.isfile(os.path.join(root, candidate)):
             return candidate
+        # A header protoc generates into the build tree ("profile/proto/x.pb.h")
+        # belongs to the layer of its .proto file (src/profile/proto/x.proto).
+        if name.endswith(".pb.h"):
+            proto = candidate[: -len(".pb.h")] + ".proto"
+            if os.path.isfile(os.path.join(root, proto)):
+                return proto
     return None
 
 

@@ -1,7 +1,8 @@
 // libremora-tool.so — Remora's default tool: CPU sampling of every thread
-// and tracing of blocking calls, written out at each detach as a Chrome
-// trace (trace.json), folded stacks, a flame graph, a CSV of statistics and
-// a summary. docs/tool.md is the user's guide.
+// and tracing of blocking calls, handed to the controller as raw records
+// (raw_records.h), from which remora renders a Perfetto trace, a pprof
+// profile, a flame graph and more (src/profile). docs/tool.md is the user's
+// guide.
 //
 // Threads (remora/tool.h): tool_attach and tool_detach run on the agent's
 // listener thread (tool_detach may also run on the thread calling exit(), or
@@ -41,9 +42,10 @@
 #include "config.h"
 #include "own_memory.h"
 #include "profile.h"
+#include "program_name.h"
+#include "raw_records.h"
 #include "sampler.h"
 #include "slots.h"
-#include "symbolize.h"
 #include "tracer.h"
 #include "unwind.h"
 #include "wrappers.h"
@@ -81,6 +83,12 @@ struct Tool {
   Sampler sampler;
   Tracer tracer;
   Profile profile;
+  // The session's directory (made at attach; "" in a forked child until its
+  // detach) and its timeline events, spooled there by the collector.
+  std::string session_dir;
+  RawSpool spool;
+  uint64_t events = 0;    // samples and calls spooled (REMORA_MAX_EVENTS caps them)
+  uint64_t counters = 0;  // counter values spooled
   std::unordered_map<std::string, uint32_t> stack_ids;
   std::unordered_set<int32_t> live;  // threads seen alive at the last scan
   unsigned tick = 0;                 // thread scans this session
@@ -195,6 +203,50 @@ void refresh_maps(Tool& t) {
   }
 }
 
+// The CPU-time clock of thread `tid` of this process (the kernel's
+// encoding of a thread's CPUCLOCK_SCHED clock id, as pthread_getcpuclockid
+// makes it for a pthread_t).
+clockid_t thread_cpu_clock(int32_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+}
+
+// CLOCK_REALTIME - CLOCK_MONOTONIC now: turns the session's monotonic times
+// into wall-clock ones (pprof's time_nanos), whenever it is rendered.
+int64_t realtime_offset_ns() {
+  timespec rt, mono;
+  clock_gettime(CLOCK_REALTIME, &rt);
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  return (static_cast<int64_t>(rt.tv_sec) - mono.tv_sec) * 1000000000 + (rt.tv_nsec - mono.tv_nsec);
+}
+
+uint64_t thread_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Under t.mu. One sample of the counters: the process's RSS and each live
+// thread's CPU time (a clock read per thread: microseconds per scan).
+void sample_counters(Tool& t) {
+  constexpr size_t kMaxCounters = 200000;
+  if (t.counters + t.live.size() + 1 > kMaxCounters) return;
+  const uint64_t now = now_ns();
+  std::string statm = read_small_file("/proc/self/statm");
+  size_t sp = statm.find(' ');
+  if (sp != std::string::npos) {
+    uint64_t pages = strtoull(statm.c_str() + sp + 1, nullptr, 10);
+    t.spool.counter({kCounterRssBytes, 0, now, pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE))});
+    ++t.counters;
+  }
+  for (int32_t tid : t.live) {
+    timespec ts;
+    if (clock_gettime(thread_cpu_clock(tid), &ts) != 0) continue;
+    t.spool.counter({kCounterThreadCpuNs, tid, now,
+                     static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec)});
+    ++t.counters;
+  }
+}
+
 // Under t.mu. Registers new threads (slot, timer, name, stack), forgets dead
 // ones; refreshes the maps snapshot the unwinder reads through.
 void scan_threads(Tool& t, bool refresh_names) {
@@ -222,6 +274,7 @@ void scan_threads(Tool& t, bool refresh_names) {
     if (now.count(tid) == 0) t.sampler.remove_thread(tid);
   std::erase_if(t.known_stacks, [&](const auto& kv) { return now.count(kv.first) == 0; });
   t.live = std::move(now);
+  sample_counters(t);
 }
 
 uint32_t intern_stack(Tool& t, const uint64_t* pcs, uint32_t n) {
@@ -270,10 +323,12 @@ void drain(Tool& t) {
       uint32_t id = intern_stack(t, pcs, n);
       p.stack_weights[{tid, id}] += r.weight;
       p.samples_total += r.weight;
-      if (p.samples.size() + p.calls.size() < t.cfg.max_events)
-        p.samples.push_back({tid, r.weight, id, r.ts_ns});
-      else
+      if (t.events < t.cfg.max_events) {
+        t.spool.sample({tid, r.weight, id, r.ts_ns});
+        ++t.events;
+      } else {
         ++p.events_capped;
+      }
     }
     m->sample_tail.store(tail, std::memory_order_release);
 
@@ -284,10 +339,12 @@ void drain(Tool& t) {
       if (r.seq.load(std::memory_order_acquire) != tail + 1) break;
       CallEvent c{tid, r.fn, r.start_ns, r.dur_ns};
       note_slow_call(p, c);
-      if (p.samples.size() + p.calls.size() < t.cfg.max_events)
-        p.calls.push_back(c);
-      else
+      if (t.events < t.cfg.max_events) {
+        t.spool.call(c);
+        ++t.events;
+      } else {
         ++p.events_capped;
+      }
     }
     m->call_tail.store(tail, std::memory_order_release);
   }
@@ -316,6 +373,7 @@ void* collector_main(void* arg) {
       scan_threads(t, t.tick % 10 == 0);
     }
     drain(t);
+    t.spool.flush();  // this tick's events, off to the file: the detach writes only the rest
     // Objects loaded by dlopen while attached get their slots patched too.
     if (t.cfg.tracing && t.tracer.objects_changed())
       t.profile.patched_slots += static_cast<uint32_t>(t.tracer.patch(&t.profile.warnings));
@@ -421,56 +479,21 @@ std::string make_session_dir(const Profile& p, const std::string& root, std::str
   return "";
 }
 
-bool write_file(const std::string& path, const std::function<bool(FILE*)>& fn, std::string* error) {
-  FILE* f = fopen(path.c_str(), "wxe");
-  if (f == nullptr) {
-    *error = "cannot create " + path + ": " + strerror(errno);
-    return false;
-  }
-  bool ok = fn(f);
-  ok = fclose(f) == 0 && ok;
-  if (!ok) *error = "cannot write " + path + ": " + strerror(errno);
-  return ok;
-}
-
-// Symbolises and writes the outputs of the finished session.
-int write_outputs(Tool& t) {
+// Hands the finished session to the controller: its raw records, in the
+// session's directory (the controller names the addresses and renders every
+// output, src/profile). The timeline is on file already (the spool); the
+// detach adds the stacks, statistics and code map.
+int write_outputs(Tool& t, uint64_t detach_cpu_start) {
   Profile& p = t.profile;
-  Symbolizer sym;
-  sym.name_jit_code(p.raw_stacks, &p.warnings);  // perf maps, for code in no object
-  p.stacks.clear();
-  p.stacks.reserve(p.raw_stacks.size());
-  for (const auto& raw : p.raw_stacks) {
-    std::vector<std::string> frames;
-    frames.reserve(raw.size() + 1);
-    // raw[0] is the interrupted PC; the others are return addresses, which
-    // point after the call: look up pc - 1 to stay inside the caller.
-    // The tool's own frames (a wrapper, the recording code a sample landed
-    // in) are left out: their time shows in the caller, as the traced
-    // function's overhead.
-    for (size_t i = raw.size(); i-- > 0;) {
-      uint64_t pc = i == 0 ? raw[i] : raw[i] - 1;
-      if (!sym.in_tool(pc)) frames.push_back(sym.name(pc));
-    }
-    if (raw.size() >= kMaxFrames) frames.insert(frames.begin(), "[truncated]");
-    p.stacks.push_back(std::move(frames));
-  }
   std::string error;
-  std::string dir = make_session_dir(p, t.cfg.output_path, &error);
+  std::string dir = t.session_dir.empty() ? make_session_dir(p, t.cfg.output_path, &error) : t.session_dir;
+  t.session_dir.clear();
   if (dir.empty()) {
+    t.spool.discard();
     log_error("detach: " + error + " (REMORA_OUTPUT_PATH=" + t.cfg.output_path + ")");
     return kErrWrite;
   }
-  bool ok = write_file(
-                dir + "/trace.json", [&](FILE* f) { return write_trace_json(p, f); }, &error) &&
-            write_file(
-                dir + "/folded.txt", [&](FILE* f) { return write_folded(p, f); }, &error) &&
-            write_file(
-                dir + "/flamegraph.svg", [&](FILE* f) { return write_flamegraph_svg(p, f); }, &error) &&
-            write_file(
-                dir + "/stats.csv", [&](FILE* f) { return write_stats_csv(p, f); }, &error) &&
-            write_file(
-                dir + "/summary.txt", [&](FILE* f) { return write_summary(p, dir, f); }, &error);
+  bool ok = t.spool.finish(dir, encode_raw_records(p, capture_raw_context()), detach_cpu_start, &error);
   snprintf(remora_default_tool_last_output, sizeof remora_default_tool_last_output, "%s", dir.c_str());
   // <comm>-<pid>-latest -> the newest session directory of this process.
   std::string link = t.cfg.output_path + "/" + safe_comm(p.comm) + "-" + std::to_string(p.pid) + "-latest";
@@ -486,6 +509,7 @@ int write_outputs(Tool& t) {
 
 int do_detach(Tool& t, bool join) {
   IgnoreScope ignore;
+  const uint64_t cpu_start = thread_cpu_ns();
   std::unique_lock<std::mutex> lock(t.mu);
   if (!t.attached) return kErrState;
   // The collector takes t.mu: let it go first.
@@ -504,6 +528,7 @@ int do_detach(Tool& t, bool join) {
     std::string name = thread_name(tid);
     if (!name.empty() && tid != t.collector_tid) t.profile.threads[tid] = name;
   }
+  sample_counters(t);  // the session's last values
   drain(t);
   own_memory_close();  // the last reads of this session are done
   // Per-function totals: every call, including those the rings dropped.
@@ -527,15 +552,16 @@ int do_detach(Tool& t, bool join) {
   // Threads that never recorded anything and are gone have no name: drop
   // nothing, the timeline only shows tracks with events.
   t.attached = false;
-  int rc = write_outputs(t);
+  int rc = write_outputs(t, cpu_start);
   // Free the session's bulk data; the profile shell stays for the next one.
   t.profile.samples.clear();
   t.profile.samples.shrink_to_fit();
   t.profile.calls.clear();
   t.profile.calls.shrink_to_fit();
   t.profile.raw_stacks.clear();
-  t.profile.stacks.clear();
   t.profile.stack_weights.clear();
+  t.profile.counters.clear();
+  t.profile.counters.shrink_to_fit();
   t.stack_ids.clear();
   return rc;
 }
@@ -572,7 +598,7 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
   Profile& p = t.profile;
   p = Profile();
   p.pid = getpid();
-  // As the user started it, not the file's or comm's name (symbolize.h).
+  // As the user started it, not the file's or comm's name (program_name.h).
   p.comm = program_name();
   p.session = info != nullptr && info->size >= offsetof(remora_tool_info_t, session) + sizeof info->session
                   ? info->session
@@ -583,6 +609,14 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
   p.fold_threads = cfg.fold_threads;
   p.fn_names.clear();
   for (unsigned i = 0; i < remora_fn_count; ++i) p.fn_names.push_back(remora_fn_table[i].reported_as);
+  t.session_dir = make_session_dir(p, cfg.output_path, &error);
+  if (t.session_dir.empty() || !t.spool.open(t.session_dir, &error)) {
+    if (!t.session_dir.empty()) rmdir(t.session_dir.c_str());
+    t.session_dir.clear();
+    log_error("attach: REMORA_OUTPUT_PATH: " + error);
+    return kErrOutputPath;
+  }
+  t.events = t.counters = 0;
   t.live.clear();
   t.tick = 0;
   t.next_scan_ns = 0;
@@ -598,8 +632,12 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
   }
   session_begin();
   p.start_ns = now_ns();
+  p.realtime_offset_ns = realtime_offset_ns();
   if (cfg.sampling && !t.sampler.start(cfg.hz, cfg.signal, &error)) {
     session_stop_and_quiesce();
+    t.spool.discard();
+    rmdir(t.session_dir.c_str());
+    t.session_dir.clear();
     log_error("attach: sampling: " + error);
     return kErrSampling;
   }
@@ -642,25 +680,60 @@ void atfork_prepare() {
 void atfork_parent() {
   if (g_tool) g_tool->mu.unlock();
 }
+// The child of a fork made while attached keeps the session (the agent
+// keeps it attached, agent/protocol.h REMORA_AGENT_FEATURE_FORK_LEASE): it
+// records for itself from here on and writes its own outputs, under its own
+// pid, when it is detached. Only the forking thread came along: no
+// collector, no timers (POSIX timers are not inherited), and the slots hold
+// the parent's threads and their unread records, which are the parent's.
+// The GOT patches and the signal handler are inherited as they are.
+// Runs with t.mu held since atfork_prepare, released last: a detach (the
+// child's lease watcher, started by the agent's handler just before this
+// one, may detach at once) finds the state complete.
+void restart_in_child(Tool& t) {
+  t.in_fork_child = true;
+  t.collector_running = false;  // no thread to join here
+  t.sampler.forget_timers();
+  own_memory_reopen_after_fork();
+  session_begin();  // a fresh slot table: nothing of the parent's rings is read here
+  t.live.clear();
+  t.known_stacks.clear();  // by tid: the parent's threads
+  t.stack_ids.clear();
+  t.tick = 0;
+  t.next_scan_ns = 0;
+  Profile& p = t.profile;
+  p.pid = getpid();
+  p.start_ns = now_ns();
+  p.threads.clear();
+  p.raw_stacks.clear();
+  p.stack_weights.clear();
+  p.samples.clear();
+  p.calls.clear();
+  p.func_stats.clear();
+  p.slowest_calls.clear();
+  p.counters.clear();
+  p.samples_total = p.samples_dropped = p.calls_dropped = p.events_capped = 0;
+  // The parent's session directory and spool file are the parent's: the
+  // child's events stay in memory until its detach makes its own directory.
+  t.spool.forget();
+  t.session_dir.clear();
+  t.events = t.counters = 0;
+  // Re-arms the sampling timer of the one thread there is, then the
+  // collector picks up the threads the child starts.
+  scan_threads(t, true);
+  if (!start_collector(t))
+    p.warnings.push_back("could not restart the collector thread after fork: new threads are not sampled");
+}
+
 void atfork_child() {
   if (!g_tool) return;
   Tool& t = *g_tool;
+  // The collector's eventfd is one object shared with the parent: a stop
+  // written by either would wake the other's collector for good.
+  if (t.wake_fd >= 0) close(t.wake_fd);
+  t.wake_fd = -1;
+  if (t.attached) restart_in_child(t);
   t.mu.unlock();
-  if (!t.attached) return;
-  t.in_fork_child = true;
-  if (t.collector_running) {
-    t.collector_running = false;  // no thread to join here
-  }
-  t.sampler.forget_timers();
-  own_memory_reopen_after_fork();
-  t.live.clear();
-  // The child's profile starts now; the parent's records are the parent's.
-  t.profile.pid = getpid();
-  t.profile.start_ns = now_ns();
-  t.profile.samples.clear();
-  t.profile.calls.clear();
-  t.profile.stack_weights.clear();
-  t.profile.slowest_calls.clear();
 }
 
 remora_tool_configure_result_t g_conf = {sizeof(remora_tool_configure_result_t), 0, tool_init, tool_fini,

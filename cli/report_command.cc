@@ -1,0 +1,64 @@
+// `remora report DIR...`: renders a default-tool session again from the raw
+// records it left (DIR/profile.remora), like `perf report`: after installing
+// debug symbols, with a newer remora, or for a session whose controller did
+// not render it (--keep, the C API, a controller that died).
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/session_args.h"
+#include "cli/session_support.h"
+
+namespace remora::cli {
+namespace {
+
+struct ReportCommandOptions {
+  std::vector<std::string> dirs;
+  pid_t pid = 0;
+};
+
+int run_report(const ReportCommandOptions& o) {
+  int exit_code = 0;
+  for (const auto& d : o.dirs) {
+    OutputDir out;
+    out.path = d;
+    while (out.path.size() > 1 && out.path.back() == '/') out.path.pop_back();
+    out.pid = output_dir_pid(out.path.substr(out.path.rfind('/') + 1));  // "<comm>-<pid>-s<n>-<stamp>"
+    out.host_pid = o.pid;
+    auto r = render_and_print(stdout, out);
+    if (!r && exit_code == 0) {
+      print_error(r.error().to_string());
+      exit_code = to_int(exit_code_for(r.error().code()));
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+void add_report_command(CLI::App& root, Dispatch& dispatch) {
+  auto opts = std::make_shared<ReportCommandOptions>();
+  CLI::App* sub = root.add_subcommand(
+      "report", "Render a default-tool session's outputs (again) from the raw records in its directory");
+  sub->add_option("DIR", opts->dirs, "Session directories (each holds profile.remora)")->required();
+  sub->add_option("-p,--pid", opts->pid,
+                  "The process as this machine sees it, while it lives (default: the pid in the records)");
+  sub->footer(
+      "Names the addresses (symbol tables, DWARF with inline frames and lines, separate debug\n"
+      "info by build ID or debuglink, REMORA_DEBUG_PATH, perf maps kept in DIR) and writes\n"
+      "summary.txt, trace.perfetto, profile.pb.gz, flamegraph.svg, folded.txt, stats.csv and\n"
+      "trace.json into DIR, replacing what was there.\n"
+      "\n"
+      "Example:\n"
+      "  remora report remora-output/redis-server-4242-s1-20261201-101500\n"
+      "\n" +
+      exit_code_footer());
+  sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_report(*opts); }; });
+}
+
+}  // namespace remora::cli

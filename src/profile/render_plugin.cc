@@ -1,0 +1,22 @@
+// libremora-render.so (render_plugin.h): the profile layer behind a C entry.
+#include "profile/render_plugin.h"
+
+#include <cstdio>
+
+#include "profile/report.h"
+
+#define REMORA_RENDER_EXPORT extern "C" __attribute__((visibility("default")))
+
+REMORA_RENDER_EXPORT int remora_render_session_v1(const remora_render_request_v1* request, char* err,
+                                                  size_t err_len) {
+  if (request == nullptr || request->size < sizeof(remora_render_request_v1) || request->dir == nullptr) {
+    if (err_len > 0) std::snprintf(err, err_len, "bad render request");
+    return static_cast<int>(remora::Errc::kInvalidArgument);
+  }
+  remora::profile::RenderOptions options;
+  options.pid = request->pid;
+  auto r = remora::profile::render_session(request->dir, options);
+  if (r) return 0;
+  if (err_len > 0) std::snprintf(err, err_len, "%s", r.error().message().c_str());
+  return static_cast<int>(r.error().code());
+}

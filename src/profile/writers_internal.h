@@ -1,0 +1,43 @@
+// What the writers (writers.cc, perfetto.cc, pprof.cc) share: how threads,
+// the process and frames are named, so that every output names them alike.
+// Private to src/profile.
+#ifndef REMORA_PROFILE_WRITERS_INTERNAL_H_
+#define REMORA_PROFILE_WRITERS_INTERNAL_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "profile/model.h"
+
+namespace remora::profile::internal {
+
+// The process id the trace files use: the target's own (ns_pid), since its
+// thread ids are its own too (the main thread's tid is this pid); the host's
+// when the tool did not say.
+int trace_pid(const Profile& p);
+// "comm (pid 4242)", or "comm (pid 4242, 7 in its pid namespace)". Raw bytes:
+// the caller makes them valid UTF-8.
+std::string process_label(const Profile& p);
+// "name-tid" ("thread-tid" when unnamed), as folded stacks and the summary
+// show a thread.
+std::string thread_label(const Profile& p, int32_t tid);
+// The thread's name, "thread" when it has none.
+std::string thread_name(const Profile& p, int32_t tid);
+// Every thread the profile mentions (named, sampled, calling or counted),
+// in tid order.
+std::vector<int32_t> all_tids(const Profile& p);
+// The frames of stack `i` (root first), empty when the index is out of
+// range; frame `i`, an "[unknown]" one when out of range: the writers never
+// trust an index of the raw records.
+const std::vector<uint32_t>& stack_at(const Profile& p, uint32_t i);
+const Frame& frame_at(const Profile& p, uint32_t i);
+// A hex string ("a1b2...") as bytes; "" when it is not hex.
+std::string hex_to_bytes(const std::string& hex);
+// Writes all of `data`; false on an I/O error (errno set).
+bool write_all(FILE* out, const void* data, size_t size);
+
+}  // namespace remora::profile::internal
+
+#endif  // REMORA_PROFILE_WRITERS_INTERNAL_H_
