@@ -28,6 +28,7 @@
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
+#include "cli/output_staging.h"
 #include "cli/session_support.h"
 
 extern char** environ;
@@ -466,12 +467,13 @@ int run_attach(const AttachCommandOptions& o) {
   if (::kill(o.pid, 0) != 0 && errno == ESRCH)
     return fail(Error(Errc::kNoSuchProcess, "no process " + std::to_string(o.pid)));
 
-  std::string out_root;
+  OutputPlan plan;
   if (tools->default_tool) {
-    auto root = prepare_output_path(*env, o.pid);
-    if (!root) return fail(root.error());
-    out_root = *root;
+    auto p = prepare_output_path(*env, o.pid);
+    if (!p) return fail(p.error());
+    plan = std::move(*p);
   }
+  const std::string& out_root = plan.root;
   attach::AttachOptions opts;
   opts.tools = tools->paths;
   opts.env = *env;
@@ -506,8 +508,13 @@ int run_attach(const AttachCommandOptions& o) {
         "Detach later with:\n  remora detach -p %d%s\n",
         count_noun(procs.size(), "process", "processes").c_str(), static_cast<int>(o.pid),
         o.children ? " --tree" : "");
-    if (tools->default_tool)
+    if (tools->default_tool && plan.staged)
+      std::printf("The default tool writes its output inside the target, under /proc/%d/root%s, when it "
+                  "detaches (render it with remora report DIR).\n",
+                  static_cast<int>(o.pid), plan.staged->target_path().c_str());
+    else if (tools->default_tool)
       std::printf("The default tool writes its output under %s when it detaches.\n", out_root.c_str());
+    if (plan.staged) plan.staged->keep();
     std::fflush(stdout);
     return exit_code;
   }
@@ -524,6 +531,8 @@ int run_attach(const AttachCommandOptions& o) {
   if (tools->default_tool) {
     std::vector<pid_t> pids;
     for (const auto& p : procs) pids.push_back(p.pid);
+    if (std::string why = plan.collect(); !why.empty())
+      std::printf("The profile could not be brought out of the target: %s\n", why.c_str());
     print_outputs(stdout, out_root, find_outputs(out_root, pids, wall_start, outputs_before));
   }
   return ended_session_exit_code(o, procs, exit_code);

@@ -227,9 +227,9 @@ int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
   std::string out_root;
   if (tools && tools->default_tool) {
     // CMD starts in our working directory: resolve against it.
-    auto root = prepare_output_path(*env, ::getpid());
-    if (!root) return fail(root.error());
-    out_root = *root;
+    auto plan = prepare_output_path(*env, ::getpid());
+    if (!plan) return fail(plan.error());
+    out_root = plan->root;
   }
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());

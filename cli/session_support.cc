@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cli/output_staging.h"
 #include "cli/renderer.h"
 #include "cli/session_args.h"
 #include "procfs/procfs.h"
@@ -88,12 +89,12 @@ Result<EnvList> parse_env_list(const std::vector<std::string>& items) {
   return env;
 }
 
-Result<std::string> prepare_output_path(EnvList& env, pid_t pid) {
+Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid) {
   const std::string* given = find_env(env, "REMORA_OUTPUT_PATH");
-  std::string root;
+  OutputPlan plan;
   if (given && !given->empty()) {
     if ((*given)[0] == '/') {
-      root = absolute_path(*given, "/");
+      plan.root = absolute_path(*given, "/");
     } else {
       // Resolve as the target would: against its own working directory.
       char buf[PATH_MAX];
@@ -104,13 +105,30 @@ Result<std::string> prepare_output_path(EnvList& env, pid_t pid) {
                                  link + ") to resolve REMORA_OUTPUT_PATH=" + *given +
                                  "; pass an absolute path");
       buf[n] = '\0';
-      root = absolute_path(*given, buf);
+      plan.root = absolute_path(*given, buf);
     }
-  } else {
-    root = our_cwd() + "/remora-output";
+    set_env(env, "REMORA_OUTPUT_PATH", plan.root);
+    return plan;
   }
-  set_env(env, "REMORA_OUTPUT_PATH", root);
-  return root;
+  plan.root = our_cwd() + "/remora-output";
+  if (::mkdir(plan.root.c_str(), 0755) != 0 && errno != EEXIST)
+    return Error::from_errno("create " + plan.root + " for the profile (or pass -e REMORA_OUTPUT_PATH=DIR)");
+  if (target_sees_same_dir(pid, plan.root)) {
+    set_env(env, "REMORA_OUTPUT_PATH", plan.root);
+    return plan;
+  }
+  // A root of its own (a container): the target writes into a private
+  // directory of its root, and the finished sessions come out to plan.root.
+  plan.staged = REMORA_TRY(StagedOutput::create(pid));
+  set_env(env, "REMORA_OUTPUT_PATH", plan.staged->target_path());
+  return plan;
+}
+
+std::string OutputPlan::collect() const {
+  if (!staged) return "";
+  auto n = staged->bring_out(root);
+  if (!n) return n.error().to_string();
+  return "";
 }
 
 std::string process_comm(pid_t pid) {
@@ -163,19 +181,26 @@ std::vector<OutputDir> find_outputs(const std::string& root, const std::vector<p
     return a.dir.path > b.dir.path;  // "-2" after the first of the same second
   };
   std::sort(found.begin(), found.end(), newer);
+  // The tool names its directory by its own pid, which in a pid namespace
+  // of its own (a container) is not ours: match each pid by both.
   std::vector<OutputDir> out;
+  std::vector<const Found*> listed;
   for (pid_t p : pids) {
+    auto in_ns = procfs::tid_in_target_ns(p, p);
+    const pid_t own = in_ns ? *in_ns : p;
     for (const auto& f : found) {
-      if (f.dir.pid == p) {
-        out.push_back(f.dir);
+      if (f.dir.pid == p || f.dir.pid == own) {
+        OutputDir d = f.dir;
+        d.pid = p;
+        d.host_pid = p;
+        out.push_back(d);
+        listed.push_back(&f);
         break;
       }
     }
   }
-  for (const auto& f : found) {
-    bool listed = std::find(pids.begin(), pids.end(), f.dir.pid) != pids.end();
-    if (!listed) out.push_back(f.dir);
-  }
+  for (const auto& f : found)
+    if (std::find(listed.begin(), listed.end(), &f) == listed.end()) out.push_back(f.dir);
   return out;
 }
 

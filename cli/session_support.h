@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "base/unique_fd.h"
 
 namespace remora::cli {
+
+class StagedOutput;
 
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
@@ -40,11 +43,23 @@ Result<ToolSelection> select_tools(const std::optional<std::string>& spec);
 // Parses every -e NAME=VALUE (the last NAME wins).
 Result<EnvList> parse_env_list(const std::vector<std::string>& items);
 
+// Where the default tool's sessions land, for the user and for the target.
+struct OutputPlan {
+  std::string root;  // where remora finds (and renders) the session directories
+  // Set when the target has a root of its own (a container) and no
+  // REMORA_OUTPUT_PATH was given: it writes into this private directory of
+  // its root, and collect() brings the finished sessions out to `root`.
+  std::shared_ptr<StagedOutput> staged;
+  // After the detach: brings the sessions out ("" or what failed).
+  std::string collect() const;
+};
+
 // For the default tool: makes REMORA_OUTPUT_PATH in `env` absolute, as the
 // process `pid` would resolve it (a relative value against its working
-// directory, /proc/PID/cwd), or sets it to <remora's cwd>/remora-output when
-// unset. Returns the absolute output root.
-Result<std::string> prepare_output_path(EnvList& env, pid_t pid);
+// directory, /proc/PID/cwd). Unset: <remora's cwd>/remora-output, which the
+// target writes into when it sees that very directory, else a private
+// directory inside the target's root (OutputPlan::staged).
+Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid);
 
 // /proc/PID/comm without its newline; "?" when the process is gone.
 std::string process_comm(pid_t pid);

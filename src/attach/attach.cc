@@ -44,6 +44,8 @@
 #include "base/deadline.h"
 #include "base/log.h"
 #include "base/strings.h"
+#include "base/unique_fd.h"
+#include "elf/elf_image.h"
 #include "procfs/procfs.h"
 #include "ptrace/ptrace.h"
 #include "remote/lookup.h"
@@ -345,9 +347,20 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
   return true;
 }
 
+// The agent names its listener as the target's pid namespace sees it
+// (gettid() there); from here on it is named as this process sees it. A tid
+// no thread of the process has (a forked child's copy of its parent's
+// block, a listener not started yet) reads 0: no listener.
+void listener_as_we_name_it(pid_t pid, remora_agent_info* info) {
+  if (info->magic != REMORA_AGENT_MAGIC || info->listener_tid == 0) return;
+  auto ours = procfs::tid_from_target_ns(pid, info->listener_tid);
+  info->listener_tid = ours ? *ours : 0;
+}
+
 Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
   remora_agent_info info{};
   REMORA_TRY(t.read(RemoteAddr(addr), std::as_writable_bytes(std::span(&info, 1))));
+  listener_as_we_name_it(t.pid(), &info);
   return info;
 }
 
@@ -564,10 +577,14 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
 // Loads the agent on a fresh thread (see the file comment).
 // Returns, for a stopped process, the tid of the agent's listener (it was
 // created stopped and could not publish its tid); 0 otherwise.
-Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const Deadline& deadline) {
-  // The agent's memfd (if it needs one) is closed in the target when `vf`
-  // goes, loaded or not.
-  auto vf = REMORA_TRY_CTX(make_visible_owned(t, agent_path), "make the agent visible to the target");
+// Loads library `path` (`what`: "the agent", "libunwind-x86_64.so.8") on a
+// fresh thread of the target; returns the thread that appeared besides the
+// loader when Remora had to drive it (the agent's listener).
+Result<pid_t> load_library(remote::Target& t, const std::string& path, const std::string& what,
+                           const Deadline& deadline, OwnedFile* kept) {
+  // The library's memfd (if it needs one) is closed in the target when `vf`
+  // goes, if the load fails; loaded, it goes to `kept`.
+  auto vf = REMORA_TRY_CTX(make_visible_owned(t, path), "make " + what + " visible to the target");
   LoaderRun run;
   const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
   const size_t path_len = vf.path.size() + 1;
@@ -591,9 +608,70 @@ Result<pid_t> load_agent(remote::Target& t, const std::string& agent_path, const
     if (run.block.error)
       (void)t.read(RemoteAddr(run.block.error), std::as_writable_bytes(std::span(msg, sizeof msg - 1)));
     msg[sizeof msg - 1] = '\0';
-    return Error(Errc::kToolFailed, std::string("the target could not load the agent: ") + msg);
+    return Error(Errc::kToolFailed, "the target could not load " + what + ": " + msg);
   }
+  *kept = std::move(vf);
   return listener;
+}
+
+// Libraries glibc itself provides: every glibc process has them.
+bool is_glibc_library(const std::string& soname) {
+  for (const char* p : {"libc.so.", "libm.so.", "libdl.so.", "libpthread.so.", "librt.so.", "libresolv.so.",
+                        "libutil.so.", "ld-linux"})
+    if (soname.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+// The directories a dynamic loader searches by default, as Debian and
+// most distributions lay them out.
+const std::vector<std::string>& library_dirs() {
+  static const std::vector<std::string> dirs = {
+      std::string("/lib/") + REMORA_MULTIARCH, std::string("/usr/lib/") + REMORA_MULTIARCH, "/lib64", "/usr/lib64",
+      "/lib", "/usr/lib", "/usr/local/lib"};
+  return dirs;
+}
+
+// Whether the target's loader finds `soname`: an object of that name is
+// mapped, or a file of that name is in its root's library directories.
+bool target_finds(pid_t pid, const std::vector<procfs::MapEntry>& maps, const std::string& soname) {
+  for (const auto& m : maps)
+    if (m.path.size() >= soname.size() && m.path.compare(m.path.size() - soname.size(), soname.size(), soname) == 0)
+      return true;
+  for (const auto& d : library_dirs())
+    if (remote::open_in_root(pid, d + "/" + soname)) return true;
+  return false;
+}
+
+// A tool's libraries beyond glibc that the target lacks (a slim container
+// image: the default tool's libunwind), ours loaded into it first, each
+// after its own such libraries, so that the tool's DT_NEEDED entries find
+// them by their DT_SONAME. Their memfds join `kept`.
+Result<void> deliver_dependencies(remote::Target& t, const std::string& library, const Deadline& deadline,
+                                  std::set<std::string>* seen, std::vector<OwnedFile>* kept) {
+  int fd = ::open(library.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error::from_errno("open " + library);
+  UniqueFd f(fd);
+  auto img = REMORA_TRY_CTX(elf::ElfImage::from_fd(f.get()), library);
+  auto maps = REMORA_TRY(procfs::read_maps(t.pid()));
+  for (const auto& soname : img->needed()) {
+    if (is_glibc_library(soname) || !seen->insert(soname).second || target_finds(t.pid(), maps, soname)) continue;
+    std::string ours;
+    for (const auto& d : library_dirs())
+      if (is_file(d + "/" + soname)) {
+        ours = d + "/" + soname;
+        break;
+      }
+    if (ours.empty())
+      return Error(Errc::kToolFailed, library + " needs " + soname + ", which process " + std::to_string(t.pid()) +
+                                          " lacks, and this machine has no copy of it either: install it here "
+                                          "(or in the target's image)");
+    REMORA_TRY(deliver_dependencies(t, ours, deadline, seen, kept));
+    kept->emplace_back();
+    REMORA_TRY(load_library(t, ours, soname, deadline, &kept->back()));
+    REMORA_LOG(kAttach, "pid %d: delivered %s (from %s), which %s needs", t.pid(), soname.c_str(), ours.c_str(),
+               library.c_str());
+  }
+  return ok();
 }
 
 // Waits until thread `tid` of `pid` is gone; in a stopped process it could
@@ -797,8 +875,13 @@ Result<void> arm_lease_or_detach(remote::Target& t, pid_t pid, const AgentSymbol
 // process), else 0. `retired` receives our scratch mapping, which loaded the
 // agent and in which nothing runs any more: it normally goes within the
 // attach call; the handle removes it if a step fails before that call.
+// `agent_file`: the agent's memfd, held open until the caller's tools are
+// loaded. The dynamic loader knows a library by the path it was opened by,
+// and "/proc/self/fd/N" of a closed memfd names the next memfd too: a tool
+// given the agent's old number would be taken for the agent, loaded already.
 Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& opts, const Deadline& deadline,
-                           AgentSymbols* agent, remote::RemoteHandle* retired, bool* loaded_now) {
+                           AgentSymbols* agent, remote::RemoteHandle* retired, bool* loaded_now,
+                           OwnedFile* agent_file) {
   bool loaded = REMORA_TRY(resolve_agent(t, agent));
   REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
   if (loaded) return 0;
@@ -810,7 +893,7 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
   // Before anything is injected: what the load makes, against the
   // target's seccomp filter (remote/seccomp.h).
   REMORA_TRY(t.check_syscalls(remote::seccomp::agent_load_syscalls(), "load the agent"));
-  pid_t known_listener = REMORA_TRY(load_agent(t, path, deadline));
+  pid_t known_listener = REMORA_TRY(load_library(t, path, "the agent", deadline, agent_file));
   REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
   loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true));
   if (auto m = t.take_retired_scratch()) *retired = remote::RemoteHandle::mapping(t, *m);
@@ -829,7 +912,9 @@ Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64
       // Stopped process: the listener has not run yet to publish its tid.
       // Publish it for it, so that later sessions find it too.
       info.listener_tid = known_listener;
-      int32_t tid = known_listener;
+      // In the agent's block, as the agent names its own threads.
+      auto in_ns = procfs::tid_in_target_ns(pid, known_listener);
+      int32_t tid = in_ns ? *in_ns : known_listener;
       (void)t.write(RemoteAddr(info_at + offsetof(remora_agent_info, listener_tid)),
                     std::as_bytes(std::span(&tid, 1)));
     }
@@ -849,7 +934,8 @@ Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64
 // tools are loaded already (a re-attach: the agent compares the list and
 // refuses a different one).
 Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>& tools, bool reattach,
-                              const CallOptions& on_listener, std::vector<OwnedFile>* memfds) {
+                              const CallOptions& on_listener, const Deadline& deadline,
+                              std::vector<OwnedFile>* memfds) {
   std::string list, display_list;
   std::vector<std::optional<std::string>> real_tools;  // nullopt: no such file
   for (const auto& tool : tools) {
@@ -860,6 +946,8 @@ Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>&
   if (reattach) return display_list;
   for (size_t i = 0; i < tools.size(); ++i) {
     if (!real_tools[i]) return Error(Errc::kInvalidArgument, "tool library " + tools[i] + " not found");
+    std::set<std::string> seen;
+    REMORA_TRY(deliver_dependencies(t, *real_tools[i], deadline, &seen, memfds));
     auto vf = REMORA_TRY(make_visible_owned(t, *real_tools[i], on_listener));
     list += (list.empty() ? "" : ":") + *real_tools[i] + "|" + vf.path;
     memfds->push_back(std::move(vf));
@@ -953,8 +1041,9 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   // for good: whatever step fails, it is released in the target on return.
   remote::RemoteHandle retired;
   std::vector<OwnedFile> memfds;
-  pid_t known_listener =
-      REMORA_TRY_CTX(ensure_agent(t, pid, opts, deadline, &s->agent, &retired, &out.agent_loaded_now), ctx);
+  OwnedFile agent_file;  // the agent's memfd, if it needed one: held until the tools are loaded
+  pid_t known_listener = REMORA_TRY_CTX(
+      ensure_agent(t, pid, opts, deadline, &s->agent, &retired, &out.agent_loaded_now, &agent_file), ctx);
   auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
   if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0 && info.unloading)
     return Error(
@@ -968,7 +1057,8 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   CallOptions on_listener{s->listener, opts.timeout};
 
-  auto list = REMORA_TRY_CTX(tool_list(t, opts.tools, info.tools[0] != '\0', on_listener, &memfds), ctx);
+  auto list =
+      REMORA_TRY_CTX(tool_list(t, opts.tools, info.tools[0] != '\0', on_listener, deadline, &memfds), ctx);
   REMORA_LOG(kAttach, "pid %d: tools visible", pid);
   // The lease belongs to the attach (protocol 2): the agent records this
   // controller before any tool runs, so no instant of a controller's death
@@ -1129,6 +1219,7 @@ Result<AgentState> Controller::status(pid_t pid) {
   remora_agent_info info{};
   REMORA_TRY(mem.read(sym.address, std::as_writable_bytes(std::span(&info, 1))));
   if (info.magic != REMORA_AGENT_MAGIC) return st;
+  listener_as_we_name_it(pid, &info);
   info.tools[sizeof info.tools - 1] = '\0';
   info.message[sizeof info.message - 1] = '\0';
   st.agent_loaded = true;

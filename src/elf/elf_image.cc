@@ -148,6 +148,7 @@ Result<std::optional<std::vector<std::byte>>> walk_notes(std::span<const std::by
 
 struct DynInfo {
   std::optional<uint64_t> symtab, strtab, strsz, syment, gnu_hash, hash, versym, soname;
+  std::vector<uint64_t> needed;  // DT_NEEDED string offsets, in order
 };
 
 DynInfo parse_dynamic(std::span<const Elf64_Dyn> entries) {
@@ -163,6 +164,7 @@ DynInfo parse_dynamic(std::span<const Elf64_Dyn> entries) {
       case DT_HASH: info.hash = d.d_un.d_ptr; break;
       case DT_VERSYM: info.versym = d.d_un.d_ptr; break;
       case DT_SONAME: info.soname = d.d_un.d_val; break;
+      case DT_NEEDED: info.needed.push_back(d.d_un.d_val); break;
       default: break;
     }
   }
@@ -392,6 +394,7 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
   auto strtab =
       REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table"));
   if (info.soname) img.soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+  for (uint64_t off : info.needed) img.needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab, off), "DT_NEEDED"));
   if (!info.symtab) return ok();
   if (info.syment && *info.syment != sizeof(Elf64_Sym)) {
     return parse_error("DT_SYMENT is " + std::to_string(*info.syment) + ", expected " +
@@ -584,9 +587,11 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
   }
   if (have_dynsym) {
     // Only the name is wanted from the dynamic section.
-    if (info.soname && info.strtab && info.strsz) {
+    if ((info.soname || !info.needed.empty()) && info.strtab && info.strsz) {
       auto strtab = REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "DT_STRTAB"));
-      img->soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+      if (info.soname) img->soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+      for (uint64_t off : info.needed)
+        img->needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab, off), "DT_NEEDED"));
     }
   } else {
     REMORA_TRY_CTX(load_dynamic_symbols(vread, info, *img), "PT_DYNAMIC");

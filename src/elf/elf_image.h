@@ -82,6 +82,7 @@ class ElfImage {
   const std::vector<std::byte>& build_id() const { return build_id_; }
   std::string build_id_hex() const;
   const std::string& soname() const { return soname_; }  // DT_SONAME, or empty
+  const std::vector<std::string>& needed() const { return needed_; }  // DT_NEEDED, in order
 
   // Looks a defined symbol up by name: GNU hash, else SysV hash, else a linear
   // scan of .dynsym; then .symtab when present. Undefined symbols (shndx 0)
@@ -113,6 +114,7 @@ class ElfImage {
   std::vector<LoadSegment> loads_;
   std::vector<std::byte> build_id_;
   std::string soname_;
+  std::vector<std::string> needed_;
   // Symbol tables, copied out of the image so the bytes need not be kept.
   std::vector<Symbol> dynsyms_;  // index order of .dynsym (hash buckets refer to indices)
   // Per dynsym index: the version is hidden (VERSYM_HIDDEN, a non-default

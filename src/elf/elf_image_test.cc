@@ -894,3 +894,23 @@ TEST(ElfInitTags, Table) {
 
 }  // namespace
 }  // namespace remora::elf
+
+namespace remora::elf {
+namespace {
+
+// DT_NEEDED, in order, from the file and from memory: this test program
+// needs libc (and the C++ runtime) as its dynamic section says.
+TEST(ElfNeeded, FromFileAndFromMemory) {
+  int fd = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto img = ElfImage::from_fd(fd);
+  ::close(fd);
+  ASSERT_TRUE(img.ok()) << img.error().to_string();
+  const auto& needed = (*img)->needed();
+  EXPECT_NE(std::find(needed.begin(), needed.end(), "libc.so.6"), needed.end());
+  EXPECT_NE(std::find(needed.begin(), needed.end(), "libstdc++.so.6"), needed.end());
+  EXPECT_TRUE((*img)->soname().empty());  // a program has none
+}
+
+}  // namespace
+}  // namespace remora::elf

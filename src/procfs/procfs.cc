@@ -566,4 +566,20 @@ Result<std::vector<pid_t>> list_children(pid_t pid) {
   return out;
 }
 
+Result<pid_t> tid_from_target_ns(pid_t pid, pid_t ns_tid) {
+  auto process = REMORA_TRY(read_status(pid));
+  if (process.nspid.size() <= 1) return ns_tid;  // one namespace: the same ids
+  for (pid_t tid : REMORA_TRY(list_tasks(pid))) {
+    auto st = read_status(pid, tid);
+    if (st && !st->nspid.empty() && st->nspid.back() == ns_tid) return tid;
+  }
+  return Error(Errc::kNoSuchProcess, "no thread of process " + std::to_string(pid) + " is thread " +
+                                         std::to_string(ns_tid) + " of its pid namespace");
+}
+
+Result<pid_t> tid_in_target_ns(pid_t pid, pid_t tid) {
+  auto st = REMORA_TRY(read_status(pid, tid));
+  return st.nspid.empty() ? tid : st.nspid.back();
+}
+
 }  // namespace remora::procfs

@@ -112,4 +112,17 @@ Result<std::vector<pid_t>> list_tasks(pid_t pid);
 // Children of every thread of PID (union of task/*/children), in order seen.
 Result<std::vector<pid_t>> list_children(pid_t pid);
 
+// Thread ids across pid namespaces. A process in a pid namespace of its own
+// (a container) knows its threads by the ids of that namespace, which is
+// what it writes into memory (gettid()); this process names them by the ids
+// of its own namespace. The NSpid lines of /proc/PID/task/TID/status hold
+// both (ours first, the innermost last). Where they are the same (one
+// entry), both functions return `tid` without a scan.
+//
+// The thread of `pid` that calls itself `ns_tid` in its own namespace, as
+// this process names it; kNoSuchProcess when none does.
+Result<pid_t> tid_from_target_ns(pid_t pid, pid_t ns_tid);
+// How thread `tid` (as this process names it) of `pid` calls itself.
+Result<pid_t> tid_in_target_ns(pid_t pid, pid_t tid);
+
 }  // namespace remora::procfs

@@ -789,3 +789,133 @@ TEST_F(ContainerTest, ChrootOnlyTargetIsResolvedOrRefusedNeverWrong) {
 
 }  // namespace
 }  // namespace remora::ctr_test
+
+namespace remora::ctr_test {
+namespace {
+
+// Attach from the host into a container as runtimes make them: OverlayFS
+// root with the program and libc only, its own pid and mount namespaces,
+// pivot_root, uid 65534; /proc mounted in it or not. The agent names its
+// listener by the container's tid; the controller, on the host, by its own.
+// Once as the container's uid (no capabilities), once as root.
+void attach_from_the_host(Report& rep, ContainerProcess* target, pid_t host_pid) {
+  auto ask = [&](const std::string& cmd) {
+    std::vector<std::string> lines;
+    std::string err;
+    return target->ask(cmd, &lines, &err) ? joined(lines) : "ask failed: " + err;
+  };
+  attach::Controller c;
+  attach::AttachOptions opts;
+  opts.tools = {REMORA_CTR_HOOK_TOOL};
+  opts.agent_path = REMORA_CTR_AGENT;
+  opts.env = {{"REMORA_HOOK_LOG", "/tmp/hook.log"}};
+  auto a = c.attach(host_pid, opts);
+  rep["attach"] = !a ? a.error().to_string() : a->ok ? "ok" : a->message;
+  auto st = attach::Controller::status(host_pid);
+  rep["listener_is_ours"] =
+      st && st->listener_tid != 0 &&
+              ::access(("/proc/" + std::to_string(host_pid) + "/task/" + std::to_string(st->listener_tid)).c_str(),
+                       F_OK) == 0
+          ? "yes"
+          : "no";
+  rep["log_attached"] = ask("cat /tmp/hook.log");
+  auto d = c.detach(host_pid);
+  rep["detach"] = d ? "ok" : d.error().to_string();
+  rep["log_detached"] = ask("cat /tmp/hook.log");
+  rep["tmp_detached"] = ask("ls /tmp");
+}
+
+void expect_attached_and_detached(const Report& r) {
+  EXPECT_EQ(get(r, "failure"), "") << to_string(r);
+  EXPECT_EQ(get(r, "attach"), "ok") << to_string(r);
+  EXPECT_EQ(get(r, "listener_is_ours"), "yes") << "the listener is named by our tid\n" << to_string(r);
+  EXPECT_NE(get(r, "log_attached").find("a:tool_attach"), std::string::npos) << to_string(r);
+  EXPECT_EQ(get(r, "detach"), "ok") << to_string(r);
+  EXPECT_NE(get(r, "log_detached").find("a:tool_detach"), std::string::npos) << to_string(r);
+  EXPECT_EQ(get(r, "tmp_detached"), "hook.log") << "nothing of Remora's stays in /tmp\n" << to_string(r);
+}
+
+class HostAttachTest : public NoProcTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(HostAttachTest, AsTheContainersUser) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.mount_proc = GetParam();
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  ContainerProcess* target = target_.get();
+  const pid_t host_pid = target->pid();
+  ASSERT_NE(target->printed_pid(), host_pid) << "premise: the target has a pid namespace of its own";
+  Report r = run_controller([&](Report& rep) { attach_from_the_host(rep, target, host_pid); }, {},
+                            std::chrono::seconds(40));
+  expect_attached_and_detached(r);
+}
+
+TEST_P(HostAttachTest, AsRoot) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.mount_proc = GetParam();
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  ContainerProcess* target = target_.get();
+  Report r;
+  attach_from_the_host(r, target, target->pid());
+  expect_attached_and_detached(r);
+}
+
+INSTANTIATE_TEST_SUITE_P(ProcMountedOrNot, HostAttachTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "WithProc" : "WithoutProc"; });
+
+}  // namespace
+}  // namespace remora::ctr_test
+
+namespace remora::ctr_test {
+namespace {
+
+// `remora attach` from the host, as root, with the default tool, into a
+// container whose root holds the program and libc only: the tool's libraries
+// beyond glibc (libunwind) are delivered with it, the profile lands in
+// remora's working directory on the host, rendered, and nothing of it stays
+// in the container. /proc mounted in the container or not.
+class HostCliTest : public NoProcTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(HostCliTest, DefaultToolProfileLandsOnTheHost) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.mount_proc = GetParam();
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  const pid_t pid = target_->pid();
+  auto ask = [&](const std::string& cmd) {
+    std::vector<std::string> lines;
+    std::string err;
+    return target_->ask(cmd, &lines, &err) ? joined(lines) : "ask failed: " + err;
+  };
+  const std::string before = ask("ls /tmp");
+  char tmpl[] = "/tmp/remora-hostcli-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string cwd = tmpl;
+  const std::string cmd = "cd " + cwd + " && timeout 60 " + REMORA_CTR_CLI + " attach -p " + std::to_string(pid) +
+                          " -d 500 2>&1; echo \"exit=$?\"";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    ::pclose(p);
+  }
+  EXPECT_NE(out.find("exit=0"), std::string::npos) << out;
+  std::string session;
+  for (const auto& e : std::filesystem::directory_iterator(cwd + "/remora-output"))
+    if (e.is_directory()) session = e.path();
+  ASSERT_FALSE(session.empty()) << "no session directory under " << cwd << "/remora-output\n" << out;
+  for (const char* f : {"profile.remora", "summary.txt", "trace.perfetto", "profile.pb.gz", "folded.txt"})
+    EXPECT_TRUE(std::filesystem::exists(session + "/" + f)) << session << "/" << f << "\n" << out;
+  EXPECT_NE(out.find("==> pid " + std::to_string(pid) + ": " + session), std::string::npos) << out;
+  EXPECT_EQ(ask("ls /tmp"), before) << "nothing of Remora's stays in the container's /tmp\n" << out;
+  EXPECT_EQ(ask("ls /").rfind("ask failed", 0), std::string::npos) << "the target answers after the session";
+  std::filesystem::remove_all(cwd);
+}
+
+INSTANTIATE_TEST_SUITE_P(ProcMountedOrNot, HostCliTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "WithProc" : "WithoutProc"; });
+
+}  // namespace
+}  // namespace remora::ctr_test
