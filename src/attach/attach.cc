@@ -34,6 +34,8 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <set>
 #include <string_view>
 #include <thread>
@@ -646,15 +648,40 @@ bool target_finds(pid_t pid, const std::vector<procfs::MapEntry>& maps, const st
 // image: the default tool's libunwind), ours loaded into it first, each
 // after its own such libraries, so that the tool's DT_NEEDED entries find
 // them by their DT_SONAME. Their memfds join `kept`.
-Result<void> deliver_dependencies(remote::Target& t, const std::string& library, const Deadline& deadline,
-                                  std::set<std::string>* seen, std::vector<OwnedFile>* kept) {
+// The DT_NEEDED entries of `library` beyond glibc's, parsed once per file
+// (path, device, inode, mtime) and process: a tree's processes, one after
+// another, ask for the same tools.
+Result<std::vector<std::string>> needed_beyond_glibc(const std::string& library) {
+  static std::mutex mu;
+  static std::map<std::string, std::pair<std::string, std::vector<std::string>>> cache;
   int fd = ::open(library.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error::from_errno("open " + library);
   UniqueFd f(fd);
+  struct stat st {};
+  if (::fstat(f.get(), &st) != 0) return Error::from_errno("stat " + library);
+  const std::string key = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+                          std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  {
+    std::lock_guard lock(mu);
+    auto it = cache.find(library);
+    if (it != cache.end() && it->second.first == key) return it->second.second;
+  }
   auto img = REMORA_TRY_CTX(elf::ElfImage::from_fd(f.get()), library);
+  std::vector<std::string> out;
+  for (const auto& soname : img->needed())
+    if (!is_glibc_library(soname)) out.push_back(soname);
+  std::lock_guard lock(mu);
+  cache[library] = {key, out};
+  return out;
+}
+
+Result<void> deliver_dependencies(remote::Target& t, const std::string& library, const Deadline& deadline,
+                                  std::set<std::string>* seen, std::vector<OwnedFile>* kept) {
+  auto needed = REMORA_TRY(needed_beyond_glibc(library));
+  if (needed.empty()) return ok();
   auto maps = REMORA_TRY(procfs::read_maps(t.pid()));
-  for (const auto& soname : img->needed()) {
-    if (is_glibc_library(soname) || !seen->insert(soname).second || target_finds(t.pid(), maps, soname)) continue;
+  for (const auto& soname : needed) {
+    if (!seen->insert(soname).second || target_finds(t.pid(), maps, soname)) continue;
     std::string ours;
     for (const auto& d : library_dirs())
       if (is_file(d + "/" + soname)) {
