@@ -627,9 +627,13 @@ bool is_glibc_library(const std::string& soname) {
 // The directories a dynamic loader searches by default, as Debian and
 // most distributions lay them out.
 const std::vector<std::string>& library_dirs() {
-  static const std::vector<std::string> dirs = {
-      std::string("/lib/") + REMORA_MULTIARCH, std::string("/usr/lib/") + REMORA_MULTIARCH, "/lib64", "/usr/lib64",
-      "/lib", "/usr/lib", "/usr/local/lib"};
+  static const std::vector<std::string> dirs = {std::string("/lib/") + REMORA_MULTIARCH,
+                                                std::string("/usr/lib/") + REMORA_MULTIARCH,
+                                                "/lib64",
+                                                "/usr/lib64",
+                                                "/lib",
+                                                "/usr/lib",
+                                                "/usr/local/lib"};
   return dirs;
 }
 
@@ -637,7 +641,8 @@ const std::vector<std::string>& library_dirs() {
 // mapped, or a file of that name is in its root's library directories.
 bool target_finds(pid_t pid, const std::vector<procfs::MapEntry>& maps, const std::string& soname) {
   for (const auto& m : maps)
-    if (m.path.size() >= soname.size() && m.path.compare(m.path.size() - soname.size(), soname.size(), soname) == 0)
+    if (m.path.size() >= soname.size() &&
+        m.path.compare(m.path.size() - soname.size(), soname.size(), soname) == 0)
       return true;
   for (const auto& d : library_dirs())
     if (remote::open_in_root(pid, d + "/" + soname)) return true;
@@ -689,14 +694,15 @@ Result<void> deliver_dependencies(remote::Target& t, const std::string& library,
         break;
       }
     if (ours.empty())
-      return Error(Errc::kToolFailed, library + " needs " + soname + ", which process " + std::to_string(t.pid()) +
-                                          " lacks, and this machine has no copy of it either: install it here "
-                                          "(or in the target's image)");
+      return Error(Errc::kToolFailed,
+                   library + " needs " + soname + ", which process " + std::to_string(t.pid()) +
+                       " lacks, and this machine has no copy of it either: install it here "
+                       "(or in the target's image)");
     REMORA_TRY(deliver_dependencies(t, ours, deadline, seen, kept));
     kept->emplace_back();
     REMORA_TRY(load_library(t, ours, soname, deadline, &kept->back()));
-    REMORA_LOG(kAttach, "pid %d: delivered %s (from %s), which %s needs", t.pid(), soname.c_str(), ours.c_str(),
-               library.c_str());
+    REMORA_LOG(kAttach, "pid %d: delivered %s (from %s), which %s needs", t.pid(), soname.c_str(),
+               ours.c_str(), library.c_str());
   }
   return ok();
 }

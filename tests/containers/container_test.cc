@@ -717,14 +717,14 @@ bool enter_pid_ns_of(pid_t pid, std::string* err) {
   return true;
 }
 
-TEST_F(NoProcTest, AttachAndDetachAToolWithoutProc) {
-  REQUIRE_OVERLAY();
-  ContainerOptions o;
-  o.mount_proc = false;
-  ASSERT_NO_FATAL_FAILURE(start_with(o));
-  ContainerProcess* target = target_.get();
+// A side-car: the controller in another container that shares the
+// target's pid namespace (what `kubectl debug --target` gives), with a /proc
+// of that namespace in a mount namespace of its own, as the container's
+// user and as root with CAP_SYS_PTRACE. The target itself shows the tool's
+// log and its /tmp, where no copy may stay.
+Report sidecar_attach(ContainerProcess* target, bool as_root) {
   const pid_t host_pid = target->pid();
-  Report r = run_controller(
+  return run_controller(
       [target](Report& rep) {
         auto ask = [&](const std::string& cmd) {
           std::vector<std::string> lines;
@@ -746,7 +746,11 @@ TEST_F(NoProcTest, AttachAndDetachAToolWithoutProc) {
         rep["log_detached"] = ask("cat /tmp/hook.log");
         rep["tmp_detached"] = ask("ls /tmp");
       },
-      [host_pid](std::string* err) { return enter_pid_ns_of(host_pid, err); }, std::chrono::seconds(40));
+      [host_pid](std::string* err) { return enter_pid_ns_of(host_pid, err); }, std::chrono::seconds(40),
+      as_root);
+}
+
+void expect_sidecar_attached(const Report& r) {
   EXPECT_EQ(get(r, "failure"), "") << to_string(r);
   EXPECT_EQ(get(r, "attach"), "ok") << to_string(r);
   EXPECT_NE(get(r, "log_attached").find("a:tool_attach"), std::string::npos) << to_string(r);
@@ -754,6 +758,26 @@ TEST_F(NoProcTest, AttachAndDetachAToolWithoutProc) {
   EXPECT_EQ(get(r, "detach"), "ok") << to_string(r);
   EXPECT_NE(get(r, "log_detached").find("a:tool_detach"), std::string::npos) << to_string(r);
   EXPECT_EQ(get(r, "tmp_detached"), "hook.log") << to_string(r);
+}
+
+TEST_F(NoProcTest, AttachAndDetachAToolWithoutProc) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.mount_proc = false;
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  Report r = sidecar_attach(target_.get(), /*as_root=*/false);
+  EXPECT_EQ(get(r, "controller_uid"), std::to_string(kUid)) << to_string(r);
+  expect_sidecar_attached(r);
+}
+
+TEST_F(NoProcTest, SidecarAsRootWithSysPtrace) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.mount_proc = false;
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  Report r = sidecar_attach(target_.get(), /*as_root=*/true);
+  EXPECT_EQ(get(r, "controller_uid"), "0") << to_string(r);
+  expect_sidecar_attached(r);
 }
 
 // A target that only chroot(2)s into its root (no pivot_root), as
@@ -814,8 +838,9 @@ void attach_from_the_host(Report& rep, ContainerProcess* target, pid_t host_pid)
   auto st = attach::Controller::status(host_pid);
   rep["listener_is_ours"] =
       st && st->listener_tid != 0 &&
-              ::access(("/proc/" + std::to_string(host_pid) + "/task/" + std::to_string(st->listener_tid)).c_str(),
-                       F_OK) == 0
+              ::access(
+                  ("/proc/" + std::to_string(host_pid) + "/task/" + std::to_string(st->listener_tid)).c_str(),
+                  F_OK) == 0
           ? "yes"
           : "no";
   rep["log_attached"] = ask("cat /tmp/hook.log");
@@ -862,7 +887,9 @@ TEST_P(HostAttachTest, AsRoot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ProcMountedOrNot, HostAttachTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "WithProc" : "WithoutProc"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "WithProc" : "WithoutProc";
+                         });
 
 }  // namespace
 }  // namespace remora::ctr_test
@@ -892,8 +919,8 @@ TEST_P(HostCliTest, DefaultToolProfileLandsOnTheHost) {
   char tmpl[] = "/tmp/remora-hostcli-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string cwd = tmpl;
-  const std::string cmd = "cd " + cwd + " && timeout 60 " + REMORA_CTR_CLI + " attach -p " + std::to_string(pid) +
-                          " -d 500 2>&1; echo \"exit=$?\"";
+  const std::string cmd = "cd " + cwd + " && timeout 60 " + REMORA_CTR_CLI + " attach -p " +
+                          std::to_string(pid) + " -d 500 2>&1; echo \"exit=$?\"";
   std::string out;
   if (FILE* p = ::popen(cmd.c_str(), "r")) {
     char buf[4096];
@@ -915,7 +942,9 @@ TEST_P(HostCliTest, DefaultToolProfileLandsOnTheHost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ProcMountedOrNot, HostCliTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "WithProc" : "WithoutProc"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "WithProc" : "WithoutProc";
+                         });
 
 }  // namespace
 }  // namespace remora::ctr_test

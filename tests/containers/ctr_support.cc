@@ -511,8 +511,8 @@ std::string to_string(const Report& r) {
 }
 
 Report run_controller(const std::function<void(Report&)>& body,
-                      const std::function<bool(std::string*)>& as_root,
-                      std::chrono::milliseconds deadline_in) {
+                      const std::function<bool(std::string*)>& as_root, std::chrono::milliseconds deadline_in,
+                      bool stay_root) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return {{"failure", errno_str("pipe2")}};
   std::fflush(nullptr);
@@ -525,8 +525,8 @@ Report run_controller(const std::function<void(Report&)>& body,
     std::string err;
     if (as_root && !as_root(&err)) {
       r["failure"] = "controller setup as root: " + err;
-    } else if (::setgroups(0, nullptr) != 0 || ::setresgid(kGid, kGid, kGid) != 0 ||
-               ::setresuid(kUid, kUid, kUid) != 0) {
+    } else if (!stay_root && (::setgroups(0, nullptr) != 0 || ::setresgid(kGid, kGid, kGid) != 0 ||
+                              ::setresuid(kUid, kUid, kUid) != 0)) {
       r["failure"] = errno_str("controller: drop to uid " + std::to_string(kUid));
     } else {
       // An exec'd unprivileged program is dumpable; a setuid() from root is not.

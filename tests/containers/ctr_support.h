@@ -166,8 +166,10 @@ std::string to_string(const Report& r);
 // process-wide ImageCache, and runs `body`. The child's report comes back
 // over a pipe; report["failure"] is set when the child could not report
 // (setup failed, crashed, missed the deadline).
+// With `stay_root`, the child keeps this process's privileges (root with
+// CAP_SYS_PTRACE: a privileged side-car) instead of dropping to kUid.
 Report run_controller(const std::function<void(Report&)>& body,
                       const std::function<bool(std::string*)>& as_root = {},
-                      std::chrono::milliseconds deadline = std::chrono::seconds(20));
+                      std::chrono::milliseconds deadline = std::chrono::seconds(20), bool stay_root = false);
 
 }  // namespace remora::ctr_test
