@@ -419,9 +419,9 @@ Result<pid_t> drive_to_exit(pid_t pid, pid_t tid, const Deadline& deadline) {
 // stack of libc's own).
 Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* block,
                                          std::array<RemoteAddr, 2>* stack_fns) {
-  const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create"},
-                                                  {"pthread_self"},
-                                                  {"pthread_detach"},
+  const remote::Target::SymbolQuery libc_fns[] = {{"pthread_create", true, false},
+                                                  {"pthread_self", true, false},
+                                                  {"pthread_detach", true, false},
                                                   {"dlopen", true, false},
                                                   {"dlerror", true, false},
                                                   {"pthread_attr_init", true, false},
@@ -432,6 +432,20 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
   block->pthread_detach_fn = fns[2].addr();
   block->dlopen_fn = fns[3].addr();
   block->dlerror_fn = fns[4].addr();
+  if (fns[0].null() || fns[1].null() || fns[2].null()) {
+    // Before glibc 2.34 the thread functions live in libpthread.so.0, which
+    // a program that never started a thread may not have loaded.
+    const remote::Target::SymbolQuery pthread_fns[] = {{"pthread_create"}, {"pthread_self"}, {"pthread_detach"}};
+    auto pt = t.find_symbols("libpthread.so.0", pthread_fns);
+    if (!pt)
+      return Error(Errc::kNotSupported,
+                   "process " + std::to_string(t.pid()) +
+                       " has no pthread_create: its glibc is older than 2.34 and it has not loaded libpthread.so.0 "
+                       "(a program that never starts a thread); Remora needs to start a thread in it");
+    fns[0] = (*pt)[0];
+    block->pthread_self_fn = (*pt)[1].addr();
+    block->pthread_detach_fn = (*pt)[2].addr();
+  }
   if (fns[3].null() || fns[4].null()) {
     const remote::Target::SymbolQuery libdl_fns[] = {{"dlopen"}, {"dlerror"}};
     auto dl = t.find_symbols("libdl.so.2", libdl_fns);

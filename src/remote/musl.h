@@ -17,10 +17,10 @@
 
 namespace remora::remote {
 
-// The newest glibc symbol version Remora's agent and default tool require
-// as built on the supported build host (Debian 12: GLIBC_2.34, see
-// `objdump -T libremora-agent.so`); for the message only.
-inline constexpr const char* kGlibcNeeded = "2.34";
+// The oldest glibc Remora's agent and default tool load into (x86_64; the
+// highest GLIBC_ symbol version they reference, checked by tests/deps
+// against MIN_GLIBC and stated in docs/tool.md); for the message only.
+inline constexpr const char* kGlibcNeeded = "2.17";
 
 // Whether the maps show glibc's libc (libc.so.6) mapped.
 bool maps_glibc(std::span<const procfs::MapEntry> maps);
