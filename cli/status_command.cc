@@ -15,6 +15,7 @@
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
+#include "procfs/procfs.h"
 
 namespace remora::cli {
 namespace {
@@ -58,6 +59,7 @@ int run_status(const StatusCommandOptions& o) {
               "LISTENER", "LEASE", "TOOLS");
   int exit_code = 0;
   std::vector<std::pair<pid_t, std::string>> notes;
+  std::vector<std::pair<pid_t, pid_t>> namespaced;
   for (pid_t p : pids) {
     std::string comm = process_comm(p);
     auto st = attach::Controller::status(p);
@@ -71,7 +73,12 @@ int run_status(const StatusCommandOptions& o) {
     }
     print_row(p, comm, *st);
     if (!st->message.empty()) notes.emplace_back(p, st->message);
+    // Pids and tids above are this machine's; a container's own differ.
+    if (auto own = procfs::tid_in_target_ns(p, p); own && *own != p) namespaced.emplace_back(p, *own);
   }
+  for (const auto& [p, own] : namespaced)
+    std::printf("pid %d is pid %d in its own pid namespace (a container)\n", static_cast<int>(p),
+                static_cast<int>(own));
   for (const auto& [p, msg] : notes)
     std::printf("pid %d: last agent error: %s\n", static_cast<int>(p), msg.c_str());
   std::fflush(stdout);

@@ -102,6 +102,9 @@ struct RawProfile {
   uint32_t patched_slots = 0;
   uint64_t detach_cpu_ns = 0;  // what the detach cost the target's CPU (the tool's own measure)
   std::vector<std::string> warnings;
+  // The thread ids are the controller's (the host's), translated from the
+  // target's pid namespace at render time; else the target's own.
+  bool host_tids = false;
 };
 
 // One symbolised frame. An address inside inlined code yields several:

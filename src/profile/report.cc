@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 
+#include "base/strings.h"
 #include "base/unique_fd.h"
 #include "procfs/procfs.h"
 #include "profile/perf_map.h"
@@ -182,6 +184,65 @@ std::vector<std::string> debug_dirs(const RenderOptions& o) {
   return dirs;
 }
 
+// The threads of a process in a pid namespace of its own are recorded by
+// the ids of that namespace. While it lives, each live thread's host id is
+// read (NSpid) and kept in DIR/host-tids ("NS HOST" lines) for later renders;
+// the records are then named by host ids, like the pid. Threads that ended
+// before the render keep their namespace's id (a warning says how many).
+void name_threads_by_host_ids(const std::string& dir, RawProfile* raw, bool alive,
+                              std::vector<std::string>* warnings) {
+  const std::string kept = dir + "/host-tids";
+  std::map<int32_t, int32_t> map;
+  if (int fd = ::open(kept.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW); fd >= 0) {
+    UniqueFd f(fd);
+    std::string text = read_fd(f.get(), 1u << 20);
+    for (auto line : split_fields(text, "\n")) {
+      auto words = split_fields(line);
+      auto ns = words.size() == 2 ? parse_i64(words[0]) : std::nullopt;
+      auto host = words.size() == 2 ? parse_i64(words[1]) : std::nullopt;
+      if (ns && host) map[static_cast<int32_t>(*ns)] = static_cast<int32_t>(*host);
+    }
+  }
+  if (alive && raw->ns_pid != raw->pid) {
+    if (auto tasks = procfs::list_tasks(raw->pid))
+      for (pid_t tid : *tasks)
+        if (auto st = procfs::read_status(raw->pid, tid); st && !st->nspid.empty())
+          map[st->nspid.back()] = tid;
+    std::string text, error;
+    for (const auto& [ns, host] : map) text += std::to_string(ns) + " " + std::to_string(host) + "\n";
+    if (!write_atomically(
+            kept, [&](FILE* out) { return std::fwrite(text.data(), 1, text.size(), out) == text.size(); },
+            &error))
+      warnings->push_back("the host ids of the threads were not kept for later renders: " + error);
+  }
+  if (map.empty()) return;
+  auto host = [&](int32_t tid) {
+    auto it = map.find(tid);
+    return it == map.end() ? tid : it->second;
+  };
+  size_t unnamed = 0;
+  std::map<int32_t, std::string> threads;
+  for (auto& [tid, name] : raw->threads) {
+    unnamed += map.count(tid) == 0;
+    threads[host(tid)] = name;
+  }
+  raw->threads = std::move(threads);
+  std::map<std::pair<int32_t, uint32_t>, uint64_t> weights;
+  for (const auto& [key, n] : raw->stack_weights) weights[{host(key.first), key.second}] += n;
+  raw->stack_weights = std::move(weights);
+  for (auto& x : raw->samples) x.tid = host(x.tid);
+  for (auto& c : raw->calls) c.tid = host(c.tid);
+  for (auto& c : raw->slowest_calls) c.tid = host(c.tid);
+  for (auto& c : raw->counters)
+    if (c.tid != 0) c.tid = host(c.tid);
+  raw->host_tids = true;
+  if (unnamed > 0)
+    warnings->push_back(
+        std::to_string(unnamed) +
+        " threads had ended before remora could read their host ids: they keep the ids of the "
+        "process's own pid namespace");
+}
+
 using Writer = bool (*)(const Profile&, FILE*);
 struct Output {
   const char* name;
@@ -215,6 +276,8 @@ Result<RenderResult> render_session(const std::string& dir, const RenderOptions&
   result.target_alive = same_process_alive(raw->pid, raw->ns_pid);
   std::vector<std::string> notes;
   if (result.target_alive && options.ask_jvm && is_jvm(*raw)) ask_jvm_for_perf_map(raw->pid, &notes);
+  if (raw->ns_pid != 0 && raw->ns_pid != raw->pid)
+    name_threads_by_host_ids(dir, &*raw, result.target_alive, &notes);
 
   SymbolSource src;
   src.pid = result.target_alive ? raw->pid : 0;

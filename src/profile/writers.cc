@@ -240,7 +240,8 @@ std::string collapse_template_args(const std::string& name) {
 
 namespace internal {
 
-int trace_pid(const Profile& p) { return p.ns_pid > 0 ? p.ns_pid : p.pid; }
+// The pid the traces name the process by: the same namespace as its tids.
+int trace_pid(const Profile& p) { return p.host_tids || p.ns_pid <= 0 ? p.pid : p.ns_pid; }
 
 std::string process_label(const Profile& p) {
   std::string s = p.comm + " (pid " + std::to_string(p.pid);

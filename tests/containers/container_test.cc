@@ -936,6 +936,12 @@ TEST_P(HostCliTest, DefaultToolProfileLandsOnTheHost) {
   for (const char* f : {"profile.remora", "summary.txt", "trace.perfetto", "profile.pb.gz", "folded.txt"})
     EXPECT_TRUE(std::filesystem::exists(session + "/" + f)) << session << "/" << f << "\n" << out;
   EXPECT_NE(out.find("==> pid " + std::to_string(pid) + ": " + session), std::string::npos) << out;
+  // Its threads are named by host ids, like the pid: the main thread's tid
+  // is the host pid, and the mapping is kept for `remora report`.
+  EXPECT_TRUE(std::filesystem::exists(session + "/host-tids")) << out;
+  std::string trace, err;
+  EXPECT_TRUE(read_file(session + "/trace.json", &trace, &err)) << err;
+  EXPECT_NE(trace.find("\"tid\":" + std::to_string(pid)), std::string::npos) << trace.substr(0, 2000);
   EXPECT_EQ(ask("ls /tmp"), before) << "nothing of Remora's stays in the container's /tmp\n" << out;
   EXPECT_EQ(ask("ls /").rfind("ask failed", 0), std::string::npos) << "the target answers after the session";
   std::filesystem::remove_all(cwd);
