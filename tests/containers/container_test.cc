@@ -902,13 +902,31 @@ namespace {
 // beyond glibc (libunwind) are delivered with it, the profile lands in
 // remora's working directory on the host, rendered, and nothing of it stays
 // in the container. /proc mounted in the container or not.
-class HostCliTest : public NoProcTest, public ::testing::WithParamInterface<bool> {};
+class HostCliTest : public NoProcTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  void attach_the_default_tool_from_the_host();
+};
 
 TEST_P(HostCliTest, DefaultToolProfileLandsOnTheHost) {
   REQUIRE_OVERLAY();
   ContainerOptions o;
   o.mount_proc = GetParam();
   ASSERT_NO_FATAL_FAILURE(start_with(o));
+  attach_the_default_tool_from_the_host();
+}
+
+// A read-only root (`--read-only`) with a tmpfs /tmp: the session's
+// directory goes there, and nothing of it stays.
+TEST_F(HostCliTest, ReadOnlyRootWithATmpfsTmp) {
+  REQUIRE_OVERLAY();
+  ContainerOptions o;
+  o.read_only_root = true;
+  o.tmpfs = {{"/tmp", false}};
+  ASSERT_NO_FATAL_FAILURE(start_with(o));
+  attach_the_default_tool_from_the_host();
+}
+
+void HostCliTest::attach_the_default_tool_from_the_host() {
   const pid_t pid = target_->pid();
   auto ask = [&](const std::string& cmd) {
     std::vector<std::string> lines;
