@@ -435,13 +435,15 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
   if (fns[0].null() || fns[1].null() || fns[2].null()) {
     // Before glibc 2.34 the thread functions live in libpthread.so.0, which
     // a program that never started a thread may not have loaded.
-    const remote::Target::SymbolQuery pthread_fns[] = {{"pthread_create"}, {"pthread_self"}, {"pthread_detach"}};
+    const remote::Target::SymbolQuery pthread_fns[] = {
+        {"pthread_create"}, {"pthread_self"}, {"pthread_detach"}};
     auto pt = t.find_symbols("libpthread.so.0", pthread_fns);
     if (!pt)
-      return Error(Errc::kNotSupported,
-                   "process " + std::to_string(t.pid()) +
-                       " has no pthread_create: its glibc is older than 2.34 and it has not loaded libpthread.so.0 "
-                       "(a program that never starts a thread); Remora needs to start a thread in it");
+      return Error(
+          Errc::kNotSupported,
+          "process " + std::to_string(t.pid()) +
+              " has no pthread_create: its glibc is older than 2.34 and it has not loaded libpthread.so.0 "
+              "(a program that never starts a thread); Remora needs to start a thread in it");
     fns[0] = (*pt)[0];
     block->pthread_self_fn = (*pt)[1].addr();
     block->pthread_detach_fn = (*pt)[2].addr();
@@ -1373,17 +1375,7 @@ Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, const De
     }
   }
   if (pids.empty()) pids = REMORA_TRY(snapshot_tree(root));  // attached by another controller
-  std::vector<ProcessOutcome> outcomes(pids.size());
-  for_each_parallel(pids.size(), [&](size_t i) {
-    outcomes[i].pid = pids[i];
-    auto r = detach_one(pids[i], opts);
-    outcomes[i].ok = r.ok();
-    if (r)
-      outcomes[i].unload = std::move(*r);
-    else
-      record_failure(outcomes[i], r.error());
-  });
-  return outcomes;
+  return detach_each(pids, opts);
 }
 
 // ---- following a tree (follow.cc): the steps that need a session ----
@@ -1517,8 +1509,9 @@ void Controller::forget(pid_t pid) {
   s->target->abandon_scratch();
 }
 
-std::vector<ProcessOutcome> Controller::detach_sessions(const DetachOptions& opts) {
-  auto pids = sessions();
+// Detaches each of `pids` (four at a time), one outcome each.
+std::vector<ProcessOutcome> Controller::detach_each(const std::vector<pid_t>& pids,
+                                                    const DetachOptions& opts) {
   std::vector<ProcessOutcome> outcomes(pids.size());
   for_each_parallel(pids.size(), [&](size_t i) {
     outcomes[i].pid = pids[i];
@@ -1530,6 +1523,11 @@ std::vector<ProcessOutcome> Controller::detach_sessions(const DetachOptions& opt
       record_failure(outcomes[i], r.error());
   });
   return outcomes;
+}
+
+std::vector<ProcessOutcome> Controller::detach_sessions(const DetachOptions& opts) {
+  auto pids = sessions();
+  return detach_each(pids, opts);
 }
 
 }  // namespace remora::attach

@@ -183,6 +183,7 @@ class Controller {
   Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<ProcessOutcome> attach_steps(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<UnloadReport> detach_one(pid_t pid, const DetachOptions& opts);
+  std::vector<ProcessOutcome> detach_each(const std::vector<pid_t>& pids, const DetachOptions& opts);
   // follow.cc's steps that need a session's insides (attach.cc).
   Result<ProcessOutcome> adopt(pid_t pid, int pidfd, const AttachOptions& opts, bool parent_ours);
   bool agent_left(pid_t pid);              // an adopted or attached process exec'ed: its agent is gone
