@@ -10,8 +10,8 @@ import argparse
 import os
 import sys
 
-from . import EXIT_CODES, RemoraError, Session, attach
-from ._capi import EXIT_OK, EXIT_USAGE
+from . import EXIT_CODES, RemoraError, Session, _render, attach
+from ._capi import EXIT_OK, EXIT_USAGE, find_library
 
 # (option, environment variable) pairs, in the order -h lists them.
 ENV_FALLBACKS = [
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None, prog: str = "rocprof-attach", environ=No
         )
         say(f"attached {':'.join(session.tools)} to {what}; {until}")
 
+    started = _render.now()
     try:
         reason = attach(
             args.pid,
@@ -229,7 +230,36 @@ def main(argv: list[str] | None = None, prog: str = "rocprof-attach", environ=No
         say(f"error: {e}")
         return e.exit_code
     say(f"detached from process {args.pid} ({reason})")
+    if _uses_default_tool(args.attach_tool_library):
+        _render_sessions(args, environ, started, say)
     return EXIT_OK
+
+
+def _uses_default_tool(tools: str | None) -> bool:
+    return not tools or any(os.path.basename(t) == _render.DEFAULT_TOOL_FILE for t in tools.split(":"))
+
+
+def _render_sessions(args: argparse.Namespace, environ, started: float, say) -> None:
+    """The default tool leaves raw records; render them as `remora report` does."""
+    try:
+        root = _render.output_root(args.pid, environ)
+    except OSError as e:
+        say(f"cannot find the default tool's output: {e}")
+        return
+    sessions = _render.finished_sessions(root, started)
+    if not sessions:
+        say(f"no output from the default tool under {root} (a tool error is printed on the target's stderr)")
+        return
+    library = find_library(args.attach_library)
+    for d in sessions:
+        try:
+            _render.render(d, library)
+        except OSError as e:
+            say(f"{e}; render it with: remora report {d}")
+            continue
+        with open(os.path.join(d, "summary.txt"), encoding="utf-8", errors="replace") as f:
+            print(f.read(), end="", flush=True)
+        say(f"rendered {d} (again with: remora report {d})")
 
 
 if __name__ == "__main__":

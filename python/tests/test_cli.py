@@ -37,6 +37,26 @@ def test_attach_for_a_duration(library, hook_tool, hook_log, make_target):
     assert "detached" in r.stderr
 
 
+def test_default_tool_sessions_are_rendered(library, make_target, tmp_path):
+    # The default tool leaves raw records (profile.remora); rocprof-attach
+    # renders them as `remora report` does and prints the summary.
+    tool = os.path.join(os.path.dirname(library), "libremora-tool.so")
+    render = os.path.join(os.path.dirname(library), "libremora-render.so")
+    if not (os.path.exists(tool) and os.path.exists(render)):
+        pytest.skip(f"{tool} or {render} is not built")
+    target = make_target(0)
+    out = tmp_path / "out"
+    env = clean_env(REMORA_OUTPUT_PATH=str(out))
+    r = run_command(["-p", str(target.pid), "-d", "300", "--attach-children=false"], env=env)
+    assert r.returncode == 0, r.stderr
+    sessions = [d for d in out.iterdir() if d.is_dir() and not d.is_symlink()]
+    assert len(sessions) == 1, (list(out.iterdir()), r.stderr)
+    for f in ("profile.remora", "summary.txt", "trace.perfetto", "profile.pb.gz", "flamegraph.svg"):
+        assert (sessions[0] / f).exists(), (f, r.stderr)
+    assert "Remora profile of" in r.stdout, r.stdout
+    assert f"rendered {sessions[0]}" in r.stderr, r.stderr
+
+
 def test_attach_children_false(library, hook_tool, hook_log, make_target):
     target = make_target(2)
     env = clean_env(REMORA_HOOK_LOG=str(hook_log.path))
