@@ -27,8 +27,8 @@
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
-#include "cli/session_args.h"
 #include "cli/output_staging.h"
+#include "cli/session_args.h"
 #include "cli/session_support.h"
 
 extern char** environ;
@@ -509,9 +509,10 @@ int run_attach(const AttachCommandOptions& o) {
         count_noun(procs.size(), "process", "processes").c_str(), static_cast<int>(o.pid),
         o.children ? " --tree" : "");
     if (tools->default_tool && plan.staged)
-      std::printf("The default tool writes its output inside the target, under /proc/%d/root%s, when it "
-                  "detaches (render it with remora report DIR).\n",
-                  static_cast<int>(o.pid), plan.staged->target_path().c_str());
+      std::printf(
+          "The default tool writes its output inside the target, under /proc/%d/root%s, when it "
+          "detaches (render it with remora report DIR).\n",
+          static_cast<int>(o.pid), plan.staged->target_path().c_str());
     else if (tools->default_tool)
       std::printf("The default tool writes its output under %s when it detaches.\n", out_root.c_str());
     if (plan.staged) plan.staged->keep();

@@ -89,10 +89,12 @@ void remove_contents(int dir) {
 }  // namespace
 
 bool target_sees_same_dir(pid_t pid, const std::string& path) {
-  struct stat ours {}, theirs {};
+  struct stat ours {
+  }, theirs{};
   if (::stat(path.c_str(), &ours) != 0) return false;
   auto fd = remote::open_in_root(pid, path);
-  return fd && ::fstat(fd->get(), &theirs) == 0 && ours.st_dev == theirs.st_dev && ours.st_ino == theirs.st_ino;
+  return fd && ::fstat(fd->get(), &theirs) == 0 && ours.st_dev == theirs.st_dev &&
+         ours.st_ino == theirs.st_ino;
 }
 
 Result<std::unique_ptr<StagedOutput>> StagedOutput::create(pid_t pid) {

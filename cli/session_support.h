@@ -9,9 +9,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <set>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>

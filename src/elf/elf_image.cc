@@ -394,7 +394,8 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
   auto strtab =
       REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table"));
   if (info.soname) img.soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
-  for (uint64_t off : info.needed) img.needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab, off), "DT_NEEDED"));
+  for (uint64_t off : info.needed)
+    img.needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab, off), "DT_NEEDED"));
   if (!info.symtab) return ok();
   if (info.syment && *info.syment != sizeof(Elf64_Sym)) {
     return parse_error("DT_SYMENT is " + std::to_string(*info.syment) + ", expected " +
@@ -589,7 +590,8 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
     // Only the name is wanted from the dynamic section.
     if ((info.soname || !info.needed.empty()) && info.strtab && info.strsz) {
       auto strtab = REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "DT_STRTAB"));
-      if (info.soname) img->soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+      if (info.soname)
+        img->soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
       for (uint64_t off : info.needed)
         img->needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab, off), "DT_NEEDED"));
     }

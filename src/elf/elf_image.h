@@ -81,7 +81,7 @@ class ElfImage {
   // GNU Build ID (NT_GNU_BUILD_ID in a PT_NOTE or .note.gnu.build-id); empty if none.
   const std::vector<std::byte>& build_id() const { return build_id_; }
   std::string build_id_hex() const;
-  const std::string& soname() const { return soname_; }  // DT_SONAME, or empty
+  const std::string& soname() const { return soname_; }               // DT_SONAME, or empty
   const std::vector<std::string>& needed() const { return needed_; }  // DT_NEEDED, in order
 
   // Looks a defined symbol up by name: GNU hash, else SysV hash, else a linear

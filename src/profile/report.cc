@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@
 #include "profile/records.h"
 #include "profile/symbolize.h"
 #include "profile/writers.h"
+#include "remote/lookup.h"
 
 namespace remora::profile {
 namespace {
@@ -103,7 +105,7 @@ void ask_jvm_for_perf_map(pid_t pid, std::vector<std::string>* warnings) {
       ::dup2(null, 1);
       ::dup2(null, 2);
     }
-    if (::setgid(st->gid[1]) != 0 || ::setuid(st->uid[1]) != 0) ::_exit(126);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(st->gid[1]) != 0 || ::setuid(st->uid[1]) != 0) ::_exit(126);
     ::execl(jcmd.c_str(), "jcmd", spid.c_str(), "Compiler.perfmap", static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -147,6 +149,14 @@ bool write_atomically(const std::string& path, const std::function<bool(FILE*)>&
     return false;
   }
   return true;
+}
+
+// Removes `path` (a file) as process `pid` sees it: the directory opened
+// inside its root, the name unlinked there, nothing followed.
+void remove_in_root(pid_t pid, const std::string& path) {
+  const size_t slash = path.rfind('/');
+  auto dir = remote::open_in_root(pid, path.substr(0, slash));
+  if (dir) (void)::unlinkat(dir->get(), path.substr(slash + 1).c_str(), 0);
 }
 
 // The perf maps of the session: the live target's, read safely
@@ -275,7 +285,14 @@ Result<RenderResult> render_session(const std::string& dir, const RenderOptions&
   result.dir = dir;
   result.target_alive = same_process_alive(raw->pid, raw->ns_pid);
   std::vector<std::string> notes;
-  if (result.target_alive && options.ask_jvm && is_jvm(*raw)) ask_jvm_for_perf_map(raw->pid, &notes);
+  // A map remora had the JVM write is removed once read (kept in DIR): the
+  // target's /tmp is left as it was.
+  const std::string jvm_map = "/tmp/perf-" + std::to_string(raw->ns_pid) + ".map";
+  bool made_jvm_map = false;
+  if (result.target_alive && options.ask_jvm && is_jvm(*raw) && !remote::open_in_root(raw->pid, jvm_map)) {
+    ask_jvm_for_perf_map(raw->pid, &notes);
+    made_jvm_map = true;
+  }
   if (raw->ns_pid != 0 && raw->ns_pid != raw->pid)
     name_threads_by_host_ids(dir, &*raw, result.target_alive, &notes);
 
@@ -286,6 +303,7 @@ Result<RenderResult> render_session(const std::string& dir, const RenderOptions&
   src.modules = raw->modules;
   src.tool_path = raw->tool_path;
   src.perf_maps = perf_maps(dir, *raw, result.target_alive, &notes);
+  if (made_jvm_map) remove_in_root(raw->pid, jvm_map);
   src.debug_dirs = debug_dirs(options);
   Symbolizer sym(std::move(src));
   Profile p = symbolize(std::move(*raw), sym);

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +23,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attach/attach.h"

@@ -354,8 +354,8 @@ void run_unload_cycles(TargetProcess& target, HookLog& log) {
   auto now = maps_lines(pid);
   EXPECT_EQ(now.size(), after_first.size()) << maps_diff(after_first, now);
   EXPECT_EQ(remora_lines(now), V{}) << joined(remora_lines(now));
-  EXPECT_TRUE(fds_back(pid, before.fds, after(2s))) << describe_fds(open_fds(pid)) << "\nbefore:"
-                                                  << describe_fds(before.fds);
+  EXPECT_TRUE(fds_back(pid, before.fds, after(2s)))
+      << describe_fds(open_fds(pid)) << "\nbefore:" << describe_fds(before.fds);
   EXPECT_EQ(log.find("a:tool_fini").size(), static_cast<size_t>(unload_cycles())) << log.dump();
   auto rep = target.report();
   EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
