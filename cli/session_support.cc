@@ -110,10 +110,11 @@ Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid) {
     set_env(env, "REMORA_OUTPUT_PATH", plan.root);
     return plan;
   }
-  plan.root = our_cwd() + "/remora-output";
-  if (::mkdir(plan.root.c_str(), 0755) != 0 && errno != EEXIST)
-    return Error::from_errno("create " + plan.root + " for the profile (or pass -e REMORA_OUTPUT_PATH=DIR)");
-  if (target_sees_same_dir(pid, plan.root)) {
+  const std::string cwd = our_cwd();
+  plan.root = cwd + "/remora-output";
+  // Our working directory as the target sees it decides: the same one, and
+  // the tool makes remora-output there itself, as its own user.
+  if (target_sees_same_dir(pid, cwd)) {
     set_env(env, "REMORA_OUTPUT_PATH", plan.root);
     return plan;
   }
