@@ -1,5 +1,7 @@
 #include "arch/aarch64.h"
 
+#include <cstring>
+
 namespace remora::arch::aarch64 {
 
 // The calls the restart rules single out (arch/syscall_restart.h), with
@@ -23,24 +25,113 @@ bool never_restarted(long n) { return arch::never_restarted(kRestartTable, n); }
 
 bool swaps_signal_mask(long n) { return arch::swaps_signal_mask(kRestartTable, n); }
 
-// The kernel has already rewound the PC and put orig_x0 back (aarch64.h), so
-// the interrupted number comes from the caller, not from the registers.
 RestartKind classify_restart(long interrupted_nr, int64_t ret, bool signal_pending) {
   return arch::classify_restart(kRestartTable, interrupted_nr, ret, signal_pending);
 }
 
-std::array<uint32_t, Stub::kSize / 4> stub_code() {
-  std::array<uint32_t, Stub::kSize / 4> code;
-  code.fill(encode_brk(0x52));
-  const uint32_t tail[] = {encode_movz(8, nr::kRtSigreturn), encode_mov_to_sp(19), encode_svc0(),
-                           encode_brk(0)};
-  size_t i = Stub::kCallEntry / 4;
-  code[i++] = encode_blr(16);
-  for (uint32_t w : tail) code[i++] = w;
-  i = Stub::kSyscallEntry / 4;
-  code[i++] = encode_svc0();
-  for (uint32_t w : tail) code[i++] = w;
+RestartKind classify_restart(const Regs& r, bool signal_pending) {
+  return classify_restart(static_cast<long>(r.syscallno), static_cast<int64_t>(r.x[0]), signal_pending);
+}
+
+Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall) {
+  Regs out = r;
+  out.syscallno = -1;  // the kernel must not apply its own restart logic again
+  switch (kind) {
+    case RestartKind::kNone: break;
+    case RestartKind::kRestart:
+    case RestartKind::kReissueOnEintr:
+      out.x[0] = r.orig_x0;
+      out.x[8] = static_cast<uint64_t>(r.syscallno);
+      out.pc = r.pc - kSyscallInsnLen;
+      break;
+    case RestartKind::kRestartBlock:
+      out.x[0] = r.orig_x0;
+      out.x[8] = use_restart_syscall ? static_cast<uint64_t>(nr::kRestartSyscall) : static_cast<uint64_t>(r.syscallno);
+      out.pc = r.pc - kSyscallInsnLen;
+      break;
+  }
+  return out;
+}
+
+bool awaits_restart_syscall(const Regs& r) { return r.syscallno < 0; }
+
+Regs as_stopped_in_restart_syscall(const Regs& r) {
+  Regs out = r;
+  out.pc = r.pc + kSyscallInsnLen;
+  out.syscallno = static_cast<int64_t>(r.x[8]);
+  out.orig_x0 = r.x[0];
+  out.x[0] = static_cast<uint64_t>(r.x[8] == static_cast<uint64_t>(nr::kRestartSyscall) ? kERestartRestartBlock
+                                                                                         : kERestartSys);
+  return out;
+}
+
+Regs with_entry_args(const Regs& r, long n, const std::array<uint64_t, 6>& args, uint64_t entry_pc) {
+  if (r.syscallno >= 0 || n < 0 || entry_pc != r.pc || r.x[8] != static_cast<uint64_t>(n)) return r;
+  for (size_t i = 1; i < 6; ++i)
+    if (r.x[i] != args[i]) return r;
+  Regs out = r;
+  out.syscallno = n;
+  out.orig_x0 = args[0];
+  return out;
+}
+
+namespace {
+uint32_t word_at(std::span<const uint8_t> b, size_t at) {
+  uint32_t w = 0;
+  std::memcpy(&w, b.data() + at, 4);
+  return w;
+}
+// movz x<rd>/w<rd>, #imm16 (no shift): its immediate, or -1.
+long movz_imm(uint32_t insn, unsigned rd) {
+  const uint32_t opc = insn & 0xffe0001fu;
+  if (opc != (0xd2800000u | rd) && opc != (0x52800000u | rd)) return -1;
+  return static_cast<long>((insn >> 5) & 0xffff);
+}
+}  // namespace
+
+std::optional<long> wrapper_syscall_nr(std::span<const uint8_t, 9> b) {
+  const long n = movz_imm(word_at(b, 5), 8);
+  if (n < 0 || n > 1024) return std::nullopt;
+  return n;
+}
+
+bool is_generic_syscall_fn(std::span<const uint8_t, 9> b) {
+  return word_at(b, 5) == 0xaa0603e5u;  // mov x5, x6: glibc's syscall() shifting its arguments
+}
+
+std::optional<long> caller_syscall_nr(std::span<const uint8_t> c) {
+  if (c.size() < 8) return std::nullopt;
+  // The return address follows the `bl`; scan the instructions before it,
+  // nearest first.
+  for (size_t at = (c.size() - 4) & ~size_t{3}; at >= 4; at -= 4) {
+    const long n = movz_imm(word_at(c, at - 4), 0);
+    if (n == nr::kFutex || n == nr::kNanosleep || n == nr::kClockNanosleep) return n;
+  }
+  return std::nullopt;
+}
+
+// The numbers the stub's code is built from (aarch64_stub.h) are this
+// header's numbers.
+static_assert(offsetof(LoaderBlock, dlopen_fn) == REMORA_AARCH64_LOADER_DLOPEN_FN);
+static_assert(offsetof(LoaderBlock, path) == REMORA_AARCH64_LOADER_PATH);
+static_assert(offsetof(LoaderBlock, flags) == REMORA_AARCH64_LOADER_FLAGS);
+static_assert(offsetof(LoaderBlock, pthread_self_fn) == REMORA_AARCH64_LOADER_PTHREAD_SELF_FN);
+static_assert(offsetof(LoaderBlock, pthread_detach_fn) == REMORA_AARCH64_LOADER_PTHREAD_DETACH_FN);
+static_assert(offsetof(LoaderBlock, done) == REMORA_AARCH64_LOADER_DONE);
+static_assert(offsetof(LoaderBlock, handle) == REMORA_AARCH64_LOADER_HANDLE);
+static_assert(offsetof(LoaderBlock, tid) == REMORA_AARCH64_LOADER_TID);
+static_assert(offsetof(LoaderBlock, dlerror_fn) == REMORA_AARCH64_LOADER_DLERROR_FN);
+static_assert(offsetof(LoaderBlock, error) == REMORA_AARCH64_LOADER_ERROR);
+static_assert(nr::kRtSigreturn == REMORA_AARCH64_NR_RT_SIGRETURN && nr::kTgkill == REMORA_AARCH64_NR_TGKILL &&
+              nr::kGetpid == REMORA_AARCH64_NR_GETPID && nr::kGettid == REMORA_AARCH64_NR_GETTID &&
+              nr::kPrctl == REMORA_AARCH64_NR_PRCTL && nr::kMadvise == REMORA_AARCH64_NR_MADVISE);
+
+#if defined(__aarch64__)
+std::array<std::byte, Stub::kSize> stub_code() {
+  std::array<std::byte, Stub::kSize> code;
+  std::memcpy(code.data(), remora_aarch64_stub, code.size());
   return code;
 }
+#endif
 
 }  // namespace remora::arch::aarch64

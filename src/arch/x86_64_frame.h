@@ -114,6 +114,23 @@ bool is_generic_syscall_fn(std::span<const uint8_t, 9> before);
 std::optional<long> caller_syscall_nr(std::span<const uint8_t> before_return);
 inline constexpr size_t kCallerBytes = 48;
 
+// The address of the `syscall` a thread stopped in a system call entered
+// through.
+inline uint64_t syscall_insn_address(const Regs& r) { return r.rip - kSyscallInsnLen; }
+// x86_64 keeps a function's return address on the stack, at rsp inside a
+// system call wrapper: no link register.
+inline constexpr bool kReturnAddressInRegister = false;
+inline uint64_t link_register(const Regs&) { return 0; }
+// x86_64 keeps an interrupted call's number and arguments in orig_rax and
+// the argument registers: nothing to read before the stop.
+inline constexpr bool kStopForgetsSyscall = false;
+inline Regs with_entry_args(const Regs& r, long, const std::array<uint64_t, 6>&, uint64_t) { return r; }
+// The bootstrap's rt_sigreturn trampoline is glibc's own __restore_rt.
+inline constexpr bool kRestoreRtInVdso = false;
+// Nothing to switch off before a call: the xsave state has no mode that
+// libc's code cannot run in.
+inline std::vector<std::byte> call_entry_state(std::span<const std::byte>) { return {}; }
+
 // Whether `insn` (2 bytes at the thread's pc) is the `syscall` instruction.
 inline bool is_syscall_insn(std::span<const uint8_t, kSyscallInsnLen> insn) {
   return insn[0] == 0x0f && insn[1] == 0x05;

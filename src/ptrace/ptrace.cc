@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string>
 
+#include "arch/host.h"
 #include "base/log.h"
 #include "base/strings.h"
 #include "procfs/procfs.h"
@@ -34,9 +35,11 @@ const char* request_name(int req) {
     case PTRACE_LISTEN: return "LISTEN";
     case PTRACE_GETEVENTMSG: return "GETEVENTMSG";
     case PTRACE_SETOPTIONS: return "SETOPTIONS";
+#if !REMORA_HOST_REGS_BY_REGSET
     case PTRACE_GETREGS: return "GETREGS";
-    case PTRACE_SECCOMP_GET_FILTER: return "SECCOMP_GET_FILTER";
     case PTRACE_SETREGS: return "SETREGS";
+#endif
+    case PTRACE_SECCOMP_GET_FILTER: return "SECCOMP_GET_FILTER";
     case PTRACE_GETREGSET: return "GETREGSET";
     case PTRACE_SETREGSET: return "SETREGSET";
     case PTRACE_GETSIGMASK: return "GETSIGMASK";
@@ -151,6 +154,28 @@ Result<void> set_options(pid_t tid, unsigned long options) {
   return simple(PTRACE_SETOPTIONS, tid, nullptr, reinterpret_cast<void*>(options));
 }
 
+#if REMORA_HOST_REGS_BY_REGSET
+// The general registers and, in a register set of its own, the system call
+// number (arch/host.h).
+Result<Regs> get_regs(pid_t tid) {
+  Regs r{};
+  iovec iov{&r, arch::host::kUserPtRegsSize};
+  REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtPrstatus}), &iov));
+  int32_t nr = -1;
+  iovec nr_iov{&nr, sizeof nr};
+  REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtSystemCall}), &nr_iov));
+  r.syscallno = nr;
+  return r;
+}
+
+Result<void> set_regs(pid_t tid, const Regs& regs) {
+  iovec iov{const_cast<Regs*>(&regs), arch::host::kUserPtRegsSize};
+  REMORA_TRY(simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtPrstatus}), &iov));
+  int32_t nr = static_cast<int32_t>(regs.syscallno);
+  iovec nr_iov{&nr, sizeof nr};
+  return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtSystemCall}), &nr_iov);
+}
+#else
 Result<Regs> get_regs(pid_t tid) {
   Regs r{};
   REMORA_TRY(request(PTRACE_GETREGS, tid, nullptr, &r));
@@ -160,7 +185,40 @@ Result<Regs> get_regs(pid_t tid) {
 Result<void> set_regs(pid_t tid, const Regs& regs) {
   return simple(PTRACE_SETREGS, tid, nullptr, const_cast<Regs*>(&regs));
 }
+#endif
 
+#if REMORA_HOST_PACKED_STATE
+// Each FP/SIMD register set the thread has, packed (arch/host.h). A set the
+// CPU or kernel lacks answers EINVAL or ENODEV and is left out; a vector set
+// larger than the first read is read again at the size its header names.
+Result<std::vector<std::byte>> get_xstate(pid_t tid) {
+  namespace h = arch::host;
+  std::vector<std::byte> packed, buf;
+  for (uint32_t note : h::kStateNotes) {
+    buf.assign(h::kFirstReadSize, std::byte{0});
+    iovec iov{buf.data(), buf.size()};
+    auto r = request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{note}), &iov);
+    if (!r && (r.error().sys_errno() == EINVAL || r.error().sys_errno() == ENODEV)) continue;
+    REMORA_TRY(std::move(r));
+    if (const uint32_t want = h::vec_set_size(std::span(buf.data(), iov.iov_len));
+        note != h::kNtPrfpreg && note != h::kNtArmTls && want > buf.size()) {
+      buf.assign(want, std::byte{0});
+      iov = iovec{buf.data(), buf.size()};
+      REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{note}), &iov));
+    }
+    h::append_section(packed, note, std::span(buf.data(), iov.iov_len));
+  }
+  return packed;
+}
+
+Result<void> set_xstate(pid_t tid, std::span<const std::byte> packed) {
+  for (const auto& s : arch::host::restore_order(packed)) {
+    iovec iov{const_cast<std::byte*>(s.data.data()), s.data.size()};
+    REMORA_TRY(simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{s.note}), &iov));
+  }
+  return ok();
+}
+#else
 Result<std::vector<std::byte>> get_xstate(pid_t tid) {
   // The kernel's extended-state size is fixed for the machine: learn it
   // once, then allocate exactly that (a 16 KiB zeroed buffer per call showed
@@ -190,6 +248,7 @@ Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate) {
       xstate.size() == arch::kLegacyFpSize ? arch::kLegacyFpRegset : arch::kExtendedStateRegset;
   return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(regset), &iov);
 }
+#endif
 
 Result<long> seccomp_get_filter(pid_t tid, unsigned long index, void* out) {
   return request(PTRACE_SECCOMP_GET_FILTER, tid, reinterpret_cast<void*>(index), out);

@@ -488,10 +488,11 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   // Usually known already: libc's functions were looked up first.
   auto loaded = REMORA_TRY(load_image(pid, *libc, mem, lookup_options, &images));
   // The gadgets' offsets in one libc build are the same in every process
-  // that maps it: remember them per image, keyed like the image cache.
+  // that maps it: remember them per image, keyed like the image cache. Not
+  // where the trampoline is the vDSO's, which each process maps elsewhere.
   static std::mutex cache_mu;
   static std::map<std::string, std::pair<uint64_t, uint64_t>> cache;  // build id -> offsets from bias
-  const std::string build_id = loaded.image->build_id_hex();
+  const std::string build_id = a::kRestoreRtInVdso ? std::string() : loaded.image->build_id_hex();
   if (!build_id.empty()) {
     std::lock_guard g(cache_mu);
     if (auto it = cache.find(build_id); it != cache.end())
@@ -508,14 +509,19 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   auto it = std::search(code.begin(), code.end(), tail.begin(), tail.end());
   if (it == code.end())
     return Error(Errc::kNotSupported, "libc's syscall() in process " + std::to_string(pid) +
-                                          " does not have the expected shape (syscall; cmp $-4095,%rax)");
+                                          " does not have the expected shape (its system call instruction "
+                                          "followed by the error check)");
   g.syscall_insn = loaded.bias + sym->value + static_cast<uint64_t>(it - code.begin());
   // __restore_rt is local (not exported): find its exact bytes in libc's text.
   auto pattern =
       std::span(reinterpret_cast<const std::byte*>(a::kRestoreRtPattern.data()), a::kRestoreRtPattern.size());
   std::vector<std::byte> chunk(256 * 1024 + pattern.size());
-  for (const auto& m : libc->maps) {
-    if (!m.exec) continue;
+  // glibc's own __restore_rt, or, where libc has none (aarch64), the
+  // vDSO's rt_sigreturn trampoline.
+  std::vector<procfs::MapEntry> where;
+  for (const auto& m : a::kRestoreRtInVdso ? maps : libc->maps)
+    if (m.exec && (!a::kRestoreRtInVdso || m.path == "[vdso]")) where.push_back(m);
+  for (const auto& m : where) {
     for (uint64_t at = m.start; at < m.end && g.restore_rt == 0; at += 256 * 1024) {
       uint64_t len = std::min<uint64_t>(chunk.size(), m.end - at);
       REMORA_TRY(mem.read(at, std::span(chunk.data(), len)));
@@ -527,7 +533,7 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   }
   if (g.restore_rt == 0)
     return Error(Errc::kNotSupported,
-                 "no rt_sigreturn trampoline (__restore_rt) found in libc of process " + std::to_string(pid));
+                 "no rt_sigreturn trampoline found in libc (__restore_rt) or the vDSO of process " + std::to_string(pid));
   REMORA_LOG(kRemote, "gadgets: syscall insn %#llx, restore_rt %#llx",
              static_cast<unsigned long long>(g.syscall_insn), static_cast<unsigned long long>(g.restore_rt));
   if (!build_id.empty()) {

@@ -120,6 +120,12 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
             {marker_ != 0, creates, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args}),
         ""));
     REMORA_TRY(write_frame(on_stack));
+    // Out of modes libc's code cannot run in (SME's streaming mode and ZA
+    // on aarch64; nothing on x86_64), before the thread runs any of it.
+    if (auto entry_state = a::call_entry_state(saved_.xstate); !entry_state.empty()) {
+      REMORA_TRY(ptrace::set_xstate(tid_, entry_state));
+      modified_ = true;
+    }
     // With the scratch ready and no mask dance to do, the call's own
     // registers are the self-restoring path: the stub ends in rt_sigreturn.
     const bool direct = im_.scratch.has_value() && !saved_.swap_mask && !is_syscall;
@@ -155,6 +161,12 @@ Result<ptrace::Stop> Transaction::wait(const Deadline& d) {
 // The first stop: normally our interrupt, or a group stop when the process
 // is stopped. A signal caught mid-delivery is let through first.
 Result<void> Transaction::stop() {
+  // Where a stop makes the kernel forget the call the thread was blocked in
+  // (aarch64: arch/aarch64.h), read it first; save() uses it only if the
+  // registers agree.
+  if (a::kStopForgetsSyscall) {
+    if (auto st = procfs::read_syscall(im_.pid, tid_); st && !st->running && st->nr >= 0) entry_ = *st;
+  }
   REMORA_TRY(ptrace::interrupt(tid_));
   for (;;) {
     auto s = REMORA_TRY(wait(deadline_));
@@ -176,6 +188,7 @@ Result<void> Transaction::save() {
     if (im_.mem.read(a::pc(regs), std::as_writable_bytes(std::span(insn))) && a::is_syscall_insn(insn))
       saved_.regs = a::as_stopped_in_restart_syscall(regs);
   }
+  if (entry_) saved_.regs = a::with_entry_args(saved_.regs, entry_->nr, entry_->args, entry_->pc);
   saved_.xstate = REMORA_TRY(ptrace::get_xstate(tid_));
   saved_.sigmask = REMORA_TRY(ptrace::get_sigmask(tid_));
   const auto& r0 = saved_.regs;
@@ -200,13 +213,15 @@ Transaction::Regs Transaction::frame_registers() const {
   Regs frame = r0;
   if (kind_ == arch::RestartKind::kRestartBlock && a::syscall_nr(r0) == a::nr::kRestartSyscall) {
     std::array<uint8_t, 9> before{};
-    if (im_.mem.read(a::pc(r0) - a::kSyscallInsnLen - before.size(),
-                     std::as_writable_bytes(std::span(before)))) {
+    if (im_.mem.read(a::syscall_insn_address(r0) - before.size(), std::as_writable_bytes(std::span(before)))) {
       auto nr = a::wrapper_syscall_nr(before);
       if (!nr && a::is_generic_syscall_fn(before)) {
-        uint64_t ret = 0;
+        // The caller's return address: in the link register, or on the stack.
+        uint64_t ret = a::link_register(r0);
         std::array<uint8_t, a::kCallerBytes> caller{};
-        if (im_.mem.read(a::sp(r0), std::as_writable_bytes(std::span(&ret, 1))) && ret > caller.size() &&
+        const bool have_ret =
+            a::kReturnAddressInRegister || im_.mem.read(a::sp(r0), std::as_writable_bytes(std::span(&ret, 1)));
+        if (have_ret && ret > caller.size() &&
             im_.mem.read(ret - caller.size(), std::as_writable_bytes(std::span(caller))))
           nr = a::caller_syscall_nr(caller);
       }

@@ -19,9 +19,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "arch/host.h"
+#include "procfs/procfs.h"
 #include "base/deadline.h"
 #include "base/result.h"
 #include "ptrace/ptrace.h"
@@ -91,6 +93,9 @@ class Transaction {
   int detach_signal_ = 0;  // a signal that waited for the call's end, delivered on detach
   int stops_ = 0;
   Saved saved_;
+  // The system call /proc reported before the stop, where the stop forgets
+  // it (arch::host::kStopForgetsSyscall).
+  std::optional<procfs::SyscallState> entry_;
 
   // The plan, fixed once the thread is saved.
   arch::RestartKind kind_ = arch::RestartKind::kNone;

@@ -1,0 +1,166 @@
+/* Remora's aarch64 stub block: the code Remora runs in a target process.
+ *
+ * The one source of these bytes, as x86_64_stub.S is for x86_64: linked
+ * into remora_arch (arch::aarch64::stub_code() copies it into each scratch
+ * mapping) and, assembled again with REMORA_AARCH64_STUB_AGENT defined, into
+ * libremora-agent.so, which exports it as `remora_agent_stub`.
+ *
+ * One block in a section of its own; every entry sits at the offset
+ * src/arch/aarch64_stub.h names, and the assembler stops when a watched
+ * instruction ends elsewhere. Unused words are 0 (`udf #0`: a thread that
+ * strays there traps).
+ *
+ * At entry to the call and syscall stubs: x19 = the restore frame (the
+ * rt_sigframe: rt_sigreturn reads it at sp), sp = a 16-byte aligned stack
+ * below the frame. Every stub ends the same way:
+ *   ldr x7, [x19, #FRAME_X7]   the thread's own x7 (see aarch64_stub.h)
+ *   mov x8, #139; mov sp, x19; svc #0    rt_sigreturn on the frame
+ * so a thread whose controller died restores itself. A live controller stops
+ * the thread at that rt_sigreturn's syscall-entry (the result is its first
+ * argument, x0) and either lets it run (exact frame) or restores through
+ * ptrace with the system call skipped.
+ *
+ *  call stub    (x16 = function, x0-x5 = arguments):   blr x16; tail
+ *  syscall stub (x8 = number, x0-x5 = arguments):      svc #0; tail
+ *  thread trampoline (a pthread start routine; x0 = a LoaderBlock): records
+ *    its tid, detaches itself, dlopen(path, flags), records the handle and
+ *    dlerror(), then stores `done` (release) last and returns into libc's
+ *    thread exit.
+ *  marked call stub (x16 = function, x0-x5 = arguments, x19 = frame,
+ *    x20 = marker signal, x21 = a 16-byte result slot, x22 = cookie):
+ *    blr x16; str x0,[x21]; str x22,[x21,#8];
+ *    tgkill(getpid(), gettid(), x20); tail
+ *    (the contract is x86_64_stub.S's: the marker stays pending until
+ *    rt_sigreturn has restored the thread.)
+ *  scratch setup (a function: x0 = base, x1 = size, x2 = name):
+ *    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name), then returns
+ *    madvise(base, size, MADV_DONTFORK).
+ * The scratch is never mapped PROT_BTI, so no entry needs a landing pad;
+ * functions the stubs call are entered with `blr`, which their own pads
+ * accept.
+ */
+#include "arch/aarch64_stub.h"
+
+#define REMORA_AT(off) .org remora_aarch64_stub + (off), 0
+
+#define REMORA_EXPECT_DISTANCE(from, label, want)                                                      \
+  .if (label - from) != (want);                                                                        \
+  .error "aarch64_stub.S: a watched instruction ends off the offset aarch64_stub.h names; fix one of them"; \
+  .endif
+
+#define REMORA_TAIL                                 \
+  ldr x7, [x19, #REMORA_AARCH64_FRAME_X7];          \
+  mov x8, #REMORA_AARCH64_NR_RT_SIGRETURN;          \
+  mov sp, x19;                                      \
+  svc #0
+
+  .section .text.remora_stub, "ax", %progbits
+  .balign 64
+  .globl remora_aarch64_stub
+  .hidden remora_aarch64_stub
+  .type remora_aarch64_stub, %object
+  .size remora_aarch64_stub, REMORA_AARCH64_STUB_SIZE
+#if defined(REMORA_AARCH64_STUB_AGENT)
+  .globl remora_agent_stub
+  .type remora_agent_stub, %function
+  .size remora_agent_stub, REMORA_AARCH64_STUB_SIZE
+remora_agent_stub:
+#endif
+remora_aarch64_stub:
+
+/* ---- call stub ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_CALL_ENTRY)
+.Lcall_entry:
+  blr x16                                   /* the function; its result in x0 */
+.Lcall_tail:
+  REMORA_TAIL
+.Lcall_return_syscall_end:
+  brk #0x52                                 /* never reached */
+  REMORA_EXPECT_DISTANCE(.Lcall_entry, .Lcall_tail, REMORA_AARCH64_STUB_CALL_TAIL)
+  REMORA_EXPECT_DISTANCE(.Lcall_entry, .Lcall_return_syscall_end, REMORA_AARCH64_STUB_CALL_RETURN_SYSCALL_END)
+
+/* ---- syscall stub ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_SYSCALL_ENTRY)
+.Lsyscall_entry:
+  svc #0                                    /* the requested system call */
+.Lsyscall_end:
+  REMORA_TAIL
+  brk #0x52
+  REMORA_EXPECT_DISTANCE(.Lsyscall_entry, .Lsyscall_end,
+                         REMORA_AARCH64_STUB_SYSCALL_END - REMORA_AARCH64_STUB_SYSCALL_ENTRY)
+
+/* ---- thread trampoline: x0 = LoaderBlock* ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_THREAD_TRAMPOLINE)
+  stp x29, x30, [sp, #-32]!
+  mov x29, sp
+  str x19, [sp, #16]                        /* callee-saved */
+  mov x19, x0                               /* x19 = the block, kept across calls */
+  mov x8, #REMORA_AARCH64_NR_GETTID
+  svc #0
+  str x0, [x19, #REMORA_AARCH64_LOADER_TID]
+  ldr x16, [x19, #REMORA_AARCH64_LOADER_PTHREAD_SELF_FN]
+  blr x16
+  ldr x16, [x19, #REMORA_AARCH64_LOADER_PTHREAD_DETACH_FN]
+  blr x16                                   /* nobody joins it */
+  ldr x0, [x19, #REMORA_AARCH64_LOADER_PATH]
+  ldr x1, [x19, #REMORA_AARCH64_LOADER_FLAGS]
+  ldr x16, [x19, #REMORA_AARCH64_LOADER_DLOPEN_FN]
+  blr x16
+  str x0, [x19, #REMORA_AARCH64_LOADER_HANDLE]
+  ldr x16, [x19, #REMORA_AARCH64_LOADER_DLERROR_FN]
+  blr x16
+  str x0, [x19, #REMORA_AARCH64_LOADER_ERROR]
+  mov x0, #1
+  add x1, x19, #REMORA_AARCH64_LOADER_DONE
+  stlr x0, [x1]                             /* done: the trampoline's last store */
+  mov x0, #0                                /* the thread's result: NULL */
+  ldr x19, [sp, #16]
+  ldp x29, x30, [sp], #32
+  ret                                       /* into libc's thread exit */
+
+/* ---- marked call stub ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_MARKED_CALL_ENTRY)
+.Lmarked_call_entry:
+  blr x16
+  str x0, [x21]                             /* the result */
+  str x22, [x21, #8]                        /* the cookie: the function returned */
+  mov x8, #REMORA_AARCH64_NR_GETPID
+  svc #0
+  mov x23, x0
+  mov x8, #REMORA_AARCH64_NR_GETTID
+  svc #0
+  mov x1, x0
+  mov x0, x23
+  mov x2, x20
+  mov x8, #REMORA_AARCH64_NR_TGKILL
+  svc #0                                    /* the marker: pending, every signal blocked */
+  REMORA_TAIL
+.Lmarked_call_return_syscall_end:
+  brk #0x52
+  REMORA_EXPECT_DISTANCE(.Lmarked_call_entry, .Lmarked_call_return_syscall_end,
+                         REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END - REMORA_AARCH64_STUB_MARKED_CALL_ENTRY)
+
+/* ---- scratch setup: x0 = base, x1 = size, x2 = name ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_SCRATCH_SETUP)
+  mov x9, x0
+  mov x10, x1
+  mov x4, x2
+  mov x3, x1
+  mov x2, x0
+  movz x0, #(REMORA_AARCH64_PR_SET_VMA & 0xffff)
+  movk x0, #(REMORA_AARCH64_PR_SET_VMA >> 16), lsl #16
+  mov x1, #REMORA_AARCH64_PR_SET_VMA_ANON_NAME
+  mov x8, #REMORA_AARCH64_NR_PRCTL
+  svc #0                                    /* failure harmless: no anonymous VMA names */
+  mov x0, x9
+  mov x1, x10
+  mov x2, #REMORA_AARCH64_MADV_DONTFORK
+  mov x8, #REMORA_AARCH64_NR_MADVISE
+  svc #0
+  ret
+
+  REMORA_AT(REMORA_AARCH64_STUB_SIZE)
+  .globl remora_aarch64_stub_end
+  .hidden remora_aarch64_stub_end
+remora_aarch64_stub_end:
+  .section .note.GNU-stack, "", %progbits
