@@ -46,7 +46,8 @@ Regs resume_registers(const Regs& r, RestartKind kind, bool use_restart_syscall)
       break;
     case RestartKind::kRestartBlock:
       out.x[0] = r.orig_x0;
-      out.x[8] = use_restart_syscall ? static_cast<uint64_t>(nr::kRestartSyscall) : static_cast<uint64_t>(r.syscallno);
+      out.x[8] = use_restart_syscall ? static_cast<uint64_t>(nr::kRestartSyscall)
+                                     : static_cast<uint64_t>(r.syscallno);
       out.pc = r.pc - kSyscallInsnLen;
       break;
   }
@@ -60,18 +61,39 @@ Regs as_stopped_in_restart_syscall(const Regs& r) {
   out.pc = r.pc + kSyscallInsnLen;
   out.syscallno = static_cast<int64_t>(r.x[8]);
   out.orig_x0 = r.x[0];
-  out.x[0] = static_cast<uint64_t>(r.x[8] == static_cast<uint64_t>(nr::kRestartSyscall) ? kERestartRestartBlock
-                                                                                         : kERestartSys);
+  out.x[0] = static_cast<uint64_t>(
+      r.x[8] == static_cast<uint64_t>(nr::kRestartSyscall) ? kERestartRestartBlock : kERestartSys);
   return out;
 }
 
+bool uses_restart_block(long n, const std::array<uint64_t, 6>& a) {
+  constexpr uint64_t kTimerAbstime = 1, kFutexCmdMask = 127, kFutexWait = 0, kFutexWaitBitset = 9;
+  if (n == nr::kNanosleep) return true;
+  if (n == nr::kClockNanosleep) return (a[1] & kTimerAbstime) == 0;
+  if (n == nr::kFutex) {
+    const uint64_t op = a[1] & kFutexCmdMask;
+    return (op == kFutexWait || op == kFutexWaitBitset) && a[3] != 0;  // a wait with a timeout
+  }
+  return false;
+}
+
 Regs with_entry_args(const Regs& r, long n, const std::array<uint64_t, 6>& args, uint64_t entry_pc) {
-  if (r.syscallno >= 0 || n < 0 || entry_pc != r.pc || r.x[8] != static_cast<uint64_t>(n)) return r;
+  if (n < 0 || entry_pc != r.pc || r.x[8] != static_cast<uint64_t>(n)) return r;
   for (size_t i = 1; i < 6; ++i)
     if (r.x[i] != args[i]) return r;
   Regs out = r;
-  out.syscallno = n;
-  out.orig_x0 = args[0];
+  if (r.syscallno < 0) {
+    // Past its `svc`: a call the kernel does not restart returned (-EINTR).
+    out.syscallno = n;
+    out.orig_x0 = args[0];
+    return out;
+  }
+  // Rewound onto its `svc` (as_stopped_in_restart_syscall has made it "in"
+  // call n) after /proc saw it blocked in a call that, interrupted, returns
+  // -ERESTART_RESTARTBLOCK and has just set the kernel's restart_block: it
+  // resumes through restart_syscall, keeping what is left of its timeout.
+  if (r.syscallno == n && r.orig_x0 == args[0] && uses_restart_block(n, args))
+    out.x[0] = static_cast<uint64_t>(kERestartRestartBlock);
   return out;
 }
 
@@ -95,8 +117,12 @@ std::optional<long> wrapper_syscall_nr(std::span<const uint8_t, 9> b) {
   return n;
 }
 
+// glibc's syscall() shifts its arguments down one register before its
+// `svc`: glibc 2.36 ends with `mov x5, x6; mov x6, x7`, older ones with
+// `mov x5, x6`.
 bool is_generic_syscall_fn(std::span<const uint8_t, 9> b) {
-  return word_at(b, 5) == 0xaa0603e5u;  // mov x5, x6: glibc's syscall() shifting its arguments
+  const uint32_t last = word_at(b, 5);
+  return (last == 0xaa0703e6u && word_at(b, 1) == 0xaa0603e5u) || last == 0xaa0603e5u;
 }
 
 std::optional<long> caller_syscall_nr(std::span<const uint8_t> c) {

@@ -40,12 +40,13 @@ inline constexpr uint64_t kPstateBtypeMask = uint64_t{3} << 10;
 
 // The generic system call table (include/uapi/asm-generic/unistd.h).
 namespace nr {
-inline constexpr long kIoGetevents = 4, kEpollPwait = 22, kClose = 57, kRead = 63, kWrite = 64, kPselect6 = 72,
-                      kPpoll = 73, kFutex = 98, kNanosleep = 101, kClockNanosleep = 115, kRestartSyscall = 128,
-                      kTgkill = 131, kRtSigsuspend = 133, kRtSigprocmask = 135, kRtSigtimedwait = 137,
-                      kRtSigreturn = 139, kPrctl = 167, kGetpid = 172, kGettid = 178, kMsgrcv = 188,
-                      kSemtimedop = 192, kSemop = 193, kMunmap = 215, kMmap = 222, kMprotect = 226,
-                      kMadvise = 233, kMemfdCreate = 279, kIoPgetevents = 292, kEpollPwait2 = 441;
+inline constexpr long kIoGetevents = 4, kEpollPwait = 22, kClose = 57, kRead = 63, kWrite = 64,
+                      kPselect6 = 72, kPpoll = 73, kFutex = 98, kNanosleep = 101, kClockNanosleep = 115,
+                      kRestartSyscall = 128, kTgkill = 131, kRtSigsuspend = 133, kRtSigprocmask = 135,
+                      kRtSigtimedwait = 137, kRtSigreturn = 139, kPrctl = 167, kGetpid = 172, kGettid = 178,
+                      kMsgrcv = 188, kSemtimedop = 192, kSemop = 193, kMunmap = 215, kMmap = 222,
+                      kMprotect = 226, kMadvise = 233, kMemfdCreate = 279, kIoPgetevents = 292,
+                      kEpollPwait2 = 441;
 }  // namespace nr
 
 inline constexpr uint64_t kRedZone = 0;  // AAPCS64 has no red zone
@@ -67,11 +68,18 @@ bool swaps_signal_mask(long nr);
 // the pc onto the `svc #0` and puts orig_x0 back into x0, and it forgets
 // the call (syscallno -1). So a thread stopped in a restartable call looks
 // exactly like one about to issue it: pc on an `svc`, x8 its number, x0-x5
-// its arguments. Both resume correctly by running on from there. The one
-// call that needs more is restart_block's: the kernel would set x8 to
-// restart_syscall only on the way out of the same do_signal, which a ptrace
-// stop never returns to with that pc, so the engine sets it (x8 = 128 keeps
-// the remaining timeout while the kernel's restart_block is intact).
+// its arguments. Both resume correctly by running on from there. The calls
+// that need more are restart_block's (relative sleeps, futex waits with a
+// timeout): the kernel would set x8 to restart_syscall only on the way out
+// of the same do_signal, which a ptrace stop never returns to with that pc,
+// and the registers no longer show their -ERESTART_RESTARTBLOCK. The engine
+// knows them by the /proc line it read before the stop (with_entry_args):
+// the same call, pc and arguments, of a kind that returns that code. It
+// then resumes them with x8 = 128, keeping the remaining timeout while the
+// kernel's restart_block is intact. (Residual: a thread whose sleep ended
+// between that read and the stop, and which stands on the next identical
+// `svc` without having entered it, would run restart_syscall on its
+// previous restart_block.)
 //
 // A call the kernel never restarts (epoll_pwait & co) instead returns
 // -EINTR with the pc past its `svc`, and its first argument is lost (x0
@@ -103,13 +111,21 @@ bool awaits_restart_syscall(const Regs& r);
 // kernel's rewind: pc past the `svc`, syscallno = x8, x0 = the restart code
 // the kernel saw (-ERESTARTSYS, or -ERESTART_RESTARTBLOCK for x8 = 128),
 // orig_x0 = the first argument. resume_registers(..., kRestart) gives back
-// exactly `r`.
+// `r` (its registers; orig_x0, which ptrace never writes, keeps the
+// argument).
 Regs as_stopped_in_restart_syscall(const Regs& r);
-// Fills in the call a thread stopped *past* its `svc` returned from, from
-// the state /proc reported before the stop (nr, arguments, pc): only when
-// they agree with the registers (the same pc and x1-x5, x8 the number), so
-// a thread that left the call and entered another is never confused with it.
+// Fills in, from the state /proc reported before the stop (nr, arguments,
+// pc), what the stop hid: for a thread *past* its `svc`, the call it
+// returned from (-EINTR of a call never restarted) and its first argument;
+// for one rewound onto its `svc` (after as_stopped_in_restart_syscall), that
+// the call returned -ERESTART_RESTARTBLOCK. Only when /proc and the
+// registers agree (the same pc and x1-x5, x8 the number), so a thread that
+// left the call and entered another is never confused with it.
 Regs with_entry_args(const Regs& r, long nr, const std::array<uint64_t, 6>& args, uint64_t pc);
+// Whether call `nr` with arguments `a`, interrupted, returns
+// -ERESTART_RESTARTBLOCK: nanosleep, clock_nanosleep without TIMER_ABSTIME,
+// futex waits with a timeout.
+bool uses_restart_block(long nr, const std::array<uint64_t, 6>& a);
 // Whether the engine must read the call's arguments before it stops the
 // thread (the rewind and the loss of orig_x0 above): true on aarch64.
 inline constexpr bool kStopForgetsSyscall = true;
@@ -147,8 +163,8 @@ inline bool is_syscall_insn(std::span<const uint8_t, kSyscallInsnLen> insn) {
 // `mov x8, #NR` (movz x8 or movz w8). `before` holds the 9 bytes before the
 // `svc`; its last four are that instruction.
 std::optional<long> wrapper_syscall_nr(std::span<const uint8_t, 9> before);
-// Inside glibc's generic syscall(NR, ...) (its `mov x5, x6` precedes the
-// `svc`), the number came from the caller's `mov w0, #NR` before `bl syscall`.
+// Inside glibc's generic syscall(NR, ...) (its argument shift, `mov x5, x6`
+// and `mov x6, x7`, precedes the `svc`), the number came from the caller's `mov w0, #NR` before `bl syscall`.
 bool is_generic_syscall_fn(std::span<const uint8_t, 9> before);
 // Finds that `mov w0, #NR` in the bytes just before the return address; only
 // calls that use restart_block are accepted (futex, nanosleep,

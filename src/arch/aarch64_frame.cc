@@ -31,7 +31,8 @@ size_t records_footprint(size_t n) {
 
 FramePlan plan_frame(uint64_t sp, size_t records_size, std::span<const size_t> arg_sizes) {
   FramePlan f;
-  const size_t size = align_up(kFrameReserved + std::max(kScReservedSize, records_footprint(records_size)), 16);
+  const size_t size =
+      align_up(kFrameReserved + std::max(kScReservedSize, records_footprint(records_size)), 16);
   const uint64_t top = align_down(sp, 16);
   f.uc = align_down(top - size, 16);
   f.fpstate = f.uc + kFrameReserved;

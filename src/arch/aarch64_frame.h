@@ -20,7 +20,7 @@ namespace remora::arch::aarch64 {
 // ---- the kernel's signal frame (arch/arm64/include/uapi/asm/sigcontext.h,
 // asm/ucontext.h, kernel/signal.c) ----
 inline constexpr size_t kSiginfoSize = 128;
-inline constexpr size_t kUcStackOffset = 16;     // stack_t uc_stack
+inline constexpr size_t kUcStackOffset = 16;          // stack_t uc_stack
 inline constexpr size_t kUcSigmaskOffset = 128 + 40;  // from the frame's start
 inline constexpr size_t kUcMcontextOffset = 176;  // in the ucontext (16-aligned after the 1024-bit sigset)
 inline constexpr size_t kScRegsOffset = 8;        // after fault_address

@@ -1,6 +1,10 @@
 #include "arch/aarch64_state.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+
+#include "arch/aarch64_frame.h"
 
 namespace remora::arch::aarch64 {
 
@@ -32,7 +36,8 @@ void append_record(std::vector<std::byte>& out, uint32_t magic, std::span<const 
   store<uint32_t>(out, at, magic);
   store<uint32_t>(out, at + 4, static_cast<uint32_t>(size));
   std::memcpy(out.data() + at + 8, head_tail.data(), head_tail.size());
-  std::memcpy(out.data() + at + 8 + head_tail.size(), body.data(), std::min(body.size(), size - 8 - head_tail.size()));
+  std::memcpy(out.data() + at + 8 + head_tail.size(), body.data(),
+              std::min(body.size(), size - 8 - head_tail.size()));
 }
 }  // namespace
 
@@ -62,7 +67,9 @@ const StateSection* find_section(const std::vector<StateSection>& s, uint32_t no
   return nullptr;
 }
 
-uint32_t vec_set_size(std::span<const std::byte> d) { return d.size() < kVecHeaderSize ? 0 : load<uint32_t>(d, 0); }
+uint32_t vec_set_size(std::span<const std::byte> d) {
+  return d.size() < kVecHeaderSize ? 0 : load<uint32_t>(d, 0);
+}
 uint16_t vec_vl(std::span<const std::byte> d) { return load<uint16_t>(d, 8); }
 uint16_t vec_flags(std::span<const std::byte> d) { return load<uint16_t>(d, 12); }
 
@@ -146,21 +153,28 @@ SigFpstate build_sig_fpstate(const StateLayout&, std::span<const std::byte> save
       out.why_not = "the thread's SVE register set is shorter than its vector length says";
       return out;
     }
-    append_record(out.image, kSveMagic, std::as_bytes(std::span(tail)), vec->data.subspan(kVecHeaderSize, regs),
-                  align_up(16 + regs, 16));
+    append_record(out.image, kSveMagic, std::as_bytes(std::span(tail)),
+                  vec->data.subspan(kVecHeaderSize, regs), align_up(16 + regs, 16));
   }
+  out.why_not = "the thread is in SME streaming mode or has ZA on: restored through ptrace";
   if (za_on(s)) {
     const auto* za = find_section(s, kNtArmZa);
     const uint16_t vl = vec_vl(za->data);
-    const size_t bytes = size_t{vl} * vl;
-    const std::array<uint16_t, 4> tail = {vl, 0, 0, 0};
-    append_record(out.image, kZaMagic, std::as_bytes(std::span(tail)), za->data.subspan(kVecHeaderSize),
-                  align_up(16 + bytes, 16));
+    const size_t size = align_up(16 + size_t{vl} * vl, 16);
+    // The kernel refuses a frame past SIGFRAME_MAXSZ (a SIGSEGV for a
+    // thread whose controller died): at the largest streaming vector
+    // lengths ZA alone is 64 KiB, and the frame then goes without it (ZA
+    // stays off after a controller's death; a live controller restores it).
+    if (kFrameReserved + records_footprint(out.image.size() + size) <= kSigframeMaxSize) {
+      const std::array<uint16_t, 4> tail = {vl, 0, 0, 0};
+      append_record(out.image, kZaMagic, std::as_bytes(std::span(tail)), za->data.subspan(kVecHeaderSize),
+                    size);
+    } else {
+      out.why_not += "; ZA is too large for a signal frame and is left out of it";
+    }
   }
-  if (sm || za_on(s)) {
-    out.why_not = "the thread is in SME streaming mode or has ZA on: restored through ptrace";
-    return out;
-  }
+  if (sm || za_on(s)) return out;
+  out.why_not.clear();
   out.exact = true;
   return out;
 }

@@ -13,10 +13,10 @@
 
 // Byte offsets from the start of the block.
 #define REMORA_AARCH64_STUB_CALL_ENTRY 0
-#define REMORA_AARCH64_STUB_CALL_TAIL 4                  // the self-restoring tail after `blr`
-#define REMORA_AARCH64_STUB_CALL_RETURN_SYSCALL_END 20   // pc after the call stub's rt_sigreturn `svc`
+#define REMORA_AARCH64_STUB_CALL_TAIL 4                 // the self-restoring tail after `blr`
+#define REMORA_AARCH64_STUB_CALL_RETURN_SYSCALL_END 20  // pc after the call stub's rt_sigreturn `svc`
 #define REMORA_AARCH64_STUB_SYSCALL_ENTRY 32
-#define REMORA_AARCH64_STUB_SYSCALL_END 36               // pc after the requested `svc`
+#define REMORA_AARCH64_STUB_SYSCALL_END 36  // pc after the requested `svc`
 #define REMORA_AARCH64_STUB_THREAD_TRAMPOLINE 64
 #define REMORA_AARCH64_STUB_MARKED_CALL_ENTRY 192
 #define REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END 260  // pc after its rt_sigreturn `svc`

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -152,15 +153,47 @@ TEST(X86_64Frame, SigcontextCarriesRegisters) {
   EXPECT_EQ(offsetof(x::UContext, uc_sigmask), 296u);
 }
 
+// The encoders against the Arm ARM's encodings (checked with
+// aarch64-linux-gnu-as), and, where aarch64_stub.S is assembled, the stub's
+// watched instructions at the offsets aarch64_stub.h names.
 TEST(Aarch64, Encodings) {
-  EXPECT_EQ(aarch64::encode_blr(16), 0xd63f0200u);
-  EXPECT_EQ(aarch64::encode_svc0(), 0xd4000001u);
-  EXPECT_EQ(aarch64::encode_brk(0), 0xd4200000u);
-  EXPECT_EQ(aarch64::encode_movz(8, 139), 0xd2801168u);
-  EXPECT_EQ(aarch64::encode_mov_to_sp(19), 0x9100027fu);
-  auto code = aarch64::stub_code();
-  EXPECT_EQ(code[0], aarch64::encode_blr(16));
-  EXPECT_EQ(code[aarch64::Stub::kSyscallEntry / 4], aarch64::encode_svc0());
+  namespace a = aarch64;
+  EXPECT_EQ(a::encode_blr(16), 0xd63f0200u);
+  EXPECT_EQ(a::encode_svc0(), 0xd4000001u);
+  EXPECT_EQ(a::encode_brk(0), 0xd4200000u);
+  EXPECT_EQ(a::encode_brk(0x52), 0xd4200a40u);
+  EXPECT_EQ(a::encode_movz(8, 139), 0xd2801168u);
+  EXPECT_EQ(a::encode_movz(0, 98), 0xd2800c40u);
+  EXPECT_EQ(a::encode_movz_w(8, 98), 0x52800c48u);
+  EXPECT_EQ(a::encode_mov_to_sp(19), 0x9100027fu);
+#if defined(__aarch64__)  // stub_code() exists where aarch64_stub.S is assembled
+  const auto code = a::stub_code();
+  auto word = [&](uint64_t off) {
+    uint32_t w = 0;
+    std::memcpy(&w, code.data() + off, 4);
+    return w;
+  };
+  constexpr uint32_t kLdrX7 = 0xf9400000u | ((REMORA_AARCH64_FRAME_X7 / 8) << 10) | (19u << 5) | 7u;
+  // Each stub's tail: ldr x7, [x19, #FRAME_X7]; mov x8, #139; mov sp, x19; svc #0.
+  for (uint64_t end :
+       {a::Stub::kCallReturnSyscallEnd, a::Stub::kSyscallEnd + 16, a::Stub::kMarkedCallReturnSyscallEnd}) {
+    EXPECT_EQ(word(end - 16), kLdrX7) << end;
+    EXPECT_EQ(word(end - 12), a::encode_movz(8, a::nr::kRtSigreturn)) << end;
+    EXPECT_EQ(word(end - 8), a::encode_mov_to_sp(19)) << end;
+    EXPECT_EQ(word(end - 4), a::encode_svc0()) << end;
+  }
+  EXPECT_EQ(word(a::Stub::kCallEntry), a::encode_blr(16));
+  EXPECT_EQ(a::Stub::kCallTail, a::Stub::kCallEntry + 4);
+  EXPECT_EQ(word(a::Stub::kSyscallEntry), a::encode_svc0());
+  EXPECT_EQ(a::Stub::kSyscallEnd, a::Stub::kSyscallEntry + 4);
+  EXPECT_EQ(word(a::Stub::kMarkedCallEntry), a::encode_blr(16));
+  // The marker: tgkill right before the tail.
+  EXPECT_EQ(word(a::Stub::kMarkedCallReturnSyscallEnd - 20), a::encode_svc0());
+  EXPECT_EQ(word(a::Stub::kMarkedCallReturnSyscallEnd - 24), a::encode_movz(8, a::nr::kTgkill));
+  EXPECT_EQ(word(a::Stub::kCallReturnSyscallEnd), a::encode_brk(0x52));
+#else
+  std::printf("  skipped the stub's bytes: aarch64_stub.S is assembled on aarch64 hosts only\n");
+#endif
 }
 
 TEST(Aarch64, Restart) {

@@ -160,20 +160,24 @@ Result<void> set_options(pid_t tid, unsigned long options) {
 Result<Regs> get_regs(pid_t tid) {
   Regs r{};
   iovec iov{&r, arch::host::kUserPtRegsSize};
-  REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtPrstatus}), &iov));
+  REMORA_TRY(
+      request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtPrstatus}), &iov));
   int32_t nr = -1;
   iovec nr_iov{&nr, sizeof nr};
-  REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtSystemCall}), &nr_iov));
+  REMORA_TRY(
+      request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtSystemCall}), &nr_iov));
   r.syscallno = nr;
   return r;
 }
 
 Result<void> set_regs(pid_t tid, const Regs& regs) {
   iovec iov{const_cast<Regs*>(&regs), arch::host::kUserPtRegsSize};
-  REMORA_TRY(simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtPrstatus}), &iov));
+  REMORA_TRY(
+      simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtPrstatus}), &iov));
   int32_t nr = static_cast<int32_t>(regs.syscallno);
   iovec nr_iov{&nr, sizeof nr};
-  return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtSystemCall}), &nr_iov);
+  return simple(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::host::kNtSystemCall}),
+                &nr_iov);
 }
 #else
 Result<Regs> get_regs(pid_t tid) {

@@ -533,7 +533,8 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   }
   if (g.restore_rt == 0)
     return Error(Errc::kNotSupported,
-                 "no rt_sigreturn trampoline found in libc (__restore_rt) or the vDSO of process " + std::to_string(pid));
+                 "no rt_sigreturn trampoline found in libc (__restore_rt) or the vDSO of process " +
+                     std::to_string(pid));
   REMORA_LOG(kRemote, "gadgets: syscall insn %#llx, restore_rt %#llx",
              static_cast<unsigned long long>(g.syscall_insn), static_cast<unsigned long long>(g.restore_rt));
   if (!build_id.empty()) {

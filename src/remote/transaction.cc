@@ -213,14 +213,15 @@ Transaction::Regs Transaction::frame_registers() const {
   Regs frame = r0;
   if (kind_ == arch::RestartKind::kRestartBlock && a::syscall_nr(r0) == a::nr::kRestartSyscall) {
     std::array<uint8_t, 9> before{};
-    if (im_.mem.read(a::syscall_insn_address(r0) - before.size(), std::as_writable_bytes(std::span(before)))) {
+    if (im_.mem.read(a::syscall_insn_address(r0) - before.size(),
+                     std::as_writable_bytes(std::span(before)))) {
       auto nr = a::wrapper_syscall_nr(before);
       if (!nr && a::is_generic_syscall_fn(before)) {
         // The caller's return address: in the link register, or on the stack.
         uint64_t ret = a::link_register(r0);
         std::array<uint8_t, a::kCallerBytes> caller{};
-        const bool have_ret =
-            a::kReturnAddressInRegister || im_.mem.read(a::sp(r0), std::as_writable_bytes(std::span(&ret, 1)));
+        const bool have_ret = a::kReturnAddressInRegister ||
+                              im_.mem.read(a::sp(r0), std::as_writable_bytes(std::span(&ret, 1)));
         if (have_ret && ret > caller.size() &&
             im_.mem.read(ret - caller.size(), std::as_writable_bytes(std::span(caller))))
           nr = a::caller_syscall_nr(caller);

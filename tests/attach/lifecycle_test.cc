@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "arch/x86_64.h"
+#include "arch/host.h"
 #include "attach_helpers.h"
 #include "procfs/procfs.h"
 
@@ -466,8 +466,8 @@ TEST_F(Lifecycle, CallsOnTheListenerAreMarkedAndKeepItsMask) {
 
 // The agent carries Remora's call stubs so that calls on its listener need
 // no scratch mapping (attach.cc adopts them only when they are byte for byte
-// arch::x86_64::stub_code()). Both are assembled from one source,
-// src/arch/x86_64_stub.S, so they cannot drift apart; this checks the export
+// arch::host::stub_code()). Both are assembled from one source per
+// architecture (src/arch/x86_64_stub.S, aarch64_stub.S), so they cannot drift apart; this checks the export
 // itself: the agent exports the whole block under the name attach.cc looks
 // up, in a mapping a thread can execute.
 TEST(AgentStub, ExportsTheEnginesStubCode) {
@@ -475,7 +475,7 @@ TEST(AgentStub, ExportsTheEnginesStubCode) {
   ASSERT_NE(agent, nullptr) << dlerror();
   const void* stub = dlsym(agent, "remora_agent_stub");
   ASSERT_NE(stub, nullptr) << dlerror();
-  auto want = arch::x86_64::stub_code();
+  auto want = arch::host::stub_code();
   EXPECT_EQ(std::memcmp(stub, want.data(), want.size()), 0);
   const uint64_t at = reinterpret_cast<uintptr_t>(stub);
   EXPECT_EQ(at % 64, 0u) << "the block is 64-byte aligned in the agent";

@@ -9,8 +9,9 @@ higher one):
     include/ (public headers; they include only each other)
     base <- procfs, elf <- arch <- ptrace <- remote <- control, attach, profile <- capi <- cli, compat
 agent/ and tools/ run inside the target: they may include include/, the
-header-only headers of base/ (those without a .cc of their own), and their
-own files. agent/protocol.h, the protocol shared by the agent and the
+header-only headers of base/ (those without a .cc of their own), the
+self-contained header-only ones of arch/ (no .cc, no Remora include), and
+their own files. agent/protocol.h, the protocol shared by the agent and the
 controller, may be included by attach and the layers above it.
 """
 
@@ -72,13 +73,22 @@ def resolve(root, including, name):
 
 
 def header_only_base(root):
-    """base/ headers with no .cc of their own: safe in code loaded into a target."""
-    base = os.path.join(root, "src", "base")
-    return {
-        "src/base/" + f
-        for f in os.listdir(base)
-        if f.endswith(".h") and not os.path.exists(os.path.join(base, f[:-2] + ".cc"))
-    }
+    """base/ headers with no .cc of their own, and arch/ headers with no .cc
+    that include no other Remora header (the architecture seam's pieces for
+    code inside targets: sample_regs.h, relocs.h): safe in code loaded into a
+    target, which links no Remora library."""
+    out = set()
+    for layer, self_contained in (("base", False), ("arch", True)):
+        d = os.path.join(root, "src", layer)
+        for f in os.listdir(d):
+            if not f.endswith(".h") or os.path.exists(os.path.join(d, f[:-2] + ".cc")):
+                continue
+            if self_contained:
+                with open(os.path.join(d, f), encoding="utf-8", errors="replace") as h:
+                    if re.search(r'^\s*#\s*include\s*"', h.read(), re.M):
+                        continue
+            out.add("src/%s/%s" % (layer, f))
+    return out
 
 
 def rule_for(root, src, target, header_only):
@@ -98,7 +108,7 @@ def rule_for(root, src, target, header_only):
         if m == "tools" and target.split("/")[:2] == src.split("/")[:2]:
             return None
         return ("%s/ runs inside the target: it may include only include/, its own files and the "
-                "header-only base/ headers (%s)" % (m, ", ".join(sorted(os.path.basename(h) for h in header_only))))
+                "header-only base/ and arch/ headers (%s)" % (m, ", ".join(sorted(os.path.basename(h) for h in header_only))))
     if target == PROTOCOL_HEADER:
         if m in PROTOCOL_USERS:
             return None
@@ -147,7 +157,7 @@ def main():
                 problems.append("%s:%d: #include \"%s\": %s" % (path, line, name, why))
     print("layering: checked %d #include \"...\" lines in %d files under %s/" %
           (count, len(files), "/, ".join(cscan.SCANNED_DIRS)))
-    print("layering: layers, lowest first: %s; agent/ and tools/: include/, own files and header-only base/ (%s)" %
+    print("layering: layers, lowest first: %s; agent/ and tools/: include/, own files and header-only base/ and arch/ (%s)" %
           (layer_order(), ", ".join(sorted(os.path.basename(h) for h in header_only))))
     for p in problems:
         print(p)
