@@ -216,6 +216,17 @@ inline constexpr std::array<uint8_t, 8> kRestoreRtPattern = {0x68, 0x11, 0x80, 0
 inline constexpr bool kRestoreRtInVdso = true;
 // glibc's syscall(): `svc #0; cmn x0, #0xfff`.
 inline constexpr std::array<uint8_t, 8> kSyscallFnTail = {0x01, 0x00, 0x00, 0xd4, 0x1f, 0xfc, 0x3f, 0xb1};
+// A system call through that gadget starts one instruction before its
+// `svc`, on the last move of syscall()'s argument shift (`mov x6, x7`, or
+// `mov x5, x6` in older glibc, with x6 = the sixth argument: harmless
+// either way). Never on the `svc` itself: a thread stopped after its own
+// call through syscall() was interrupted stands on that very `svc`, and
+// arm64's do_signal, still running for that stop, turns x8 into
+// restart_syscall when the thread resumes with its pc there (its
+// -ERESTART_RESTARTBLOCK case), whatever the tracer set x8 to.
+inline constexpr uint64_t kSyscallGadgetLead = 4;
+// Whether `word`, the instruction before the gadget's `svc`, is such a move.
+inline bool syscall_gadget_lead_ok(uint32_t word) { return word == 0xaa0703e6u || word == 0xaa0603e5u; }
 
 // Instruction encodings (Arm ARM, C6), for the decoders above and the tests.
 constexpr uint32_t encode_blr(unsigned reg) { return 0xd63f0000u | (reg << 5); }

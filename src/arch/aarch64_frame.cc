@@ -113,9 +113,11 @@ SyscallStep syscall_regs(const Regs& r, long nr, const std::array<uint64_t, 6>& 
     o.x[19] = f.uc;
     st.insn_end = *s.stub + Stub::kSyscallEnd;
   } else {
-    // The `svc` of glibc's syscall(), whose `ret` returns (x30) into the
-    // vDSO's rt_sigreturn trampoline with sp at the frame.
-    o.pc = s.syscall_gadget;
+    // The `svc` of glibc's syscall(), entered one instruction early (see
+    // kSyscallGadgetLead), whose `ret` returns (x30) into the vDSO's
+    // rt_sigreturn trampoline with sp at the frame.
+    o.pc = s.syscall_gadget - kSyscallGadgetLead;
+    o.x[6] = a[5];  // what an older glibc's `mov x5, x6` moves into x5
     o.sp = f.uc;
     o.x[30] = s.restore_rt_gadget;
     st.insn_end = s.syscall_gadget + kSyscallInsnLen;

@@ -889,17 +889,23 @@ TEST(Aarch64Steps, SyscallRegs) {
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(st.regs.x[i], args[i]);
   expect_rest_as_saved(st.regs, r, {0, 1, 2, 3, 4, 5, 8, 19});
 
-  // Before the scratch exists: the `svc` of libc's syscall(), whose `ret`
-  // goes (x30) to the vDSO's rt_sigreturn trampoline with sp at the frame.
+  // Before the scratch exists: the `svc` of libc's syscall(), entered one
+  // instruction early (never on the `svc` a thread may have stopped on),
+  // whose `ret` goes (x30) to the vDSO's rt_sigreturn trampoline with sp at
+  // the frame.
   a::StubSite libc{std::nullopt, 0xffffa0e3c24ull, 0xffffb7ff07a0ull};
   const auto g = a::syscall_regs(r, a::nr::kMmap, args, f, libc);
-  EXPECT_EQ(g.regs.pc, libc.syscall_gadget);
+  EXPECT_EQ(g.regs.pc, libc.syscall_gadget - a::kSyscallGadgetLead);
+  EXPECT_EQ(g.regs.x[6], args[5]) << "what an older glibc's mov x5, x6 moves";
+  EXPECT_TRUE(a::syscall_gadget_lead_ok(0xaa0703e6u)) << "mov x6, x7 (glibc 2.36)";
+  EXPECT_TRUE(a::syscall_gadget_lead_ok(0xaa0603e5u)) << "mov x5, x6";
+  EXPECT_FALSE(a::syscall_gadget_lead_ok(0xd2801168u)) << "mov x8, #139";
   EXPECT_EQ(g.insn_end, libc.syscall_gadget + a::kSyscallInsnLen);
   EXPECT_EQ(g.regs.sp, f.uc);
   EXPECT_EQ(g.regs.x[30], libc.restore_rt_gadget);
   EXPECT_EQ(g.regs.x[8], static_cast<uint64_t>(a::nr::kMmap));
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(g.regs.x[i], args[i]);
-  expect_rest_as_saved(g.regs, r, {0, 1, 2, 3, 4, 5, 8, 30});
+  expect_rest_as_saved(g.regs, r, {0, 1, 2, 3, 4, 5, 6, 8, 30});
 }
 
 TEST(Aarch64Steps, ParkedRegs) {

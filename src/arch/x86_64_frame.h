@@ -125,6 +125,10 @@ inline uint64_t link_register(const Regs&) { return 0; }
 // the argument registers: nothing to read before the stop.
 inline constexpr bool kStopForgetsSyscall = false;
 inline Regs with_entry_args(const Regs& r, long, const std::array<uint64_t, 6>&, uint64_t) { return r; }
+// A system call through libc's gadget starts on its `syscall` (x86_64's
+// restart logic reads orig_rax, which the engine sets to -1).
+inline constexpr uint64_t kSyscallGadgetLead = 0;
+inline bool syscall_gadget_lead_ok(uint32_t) { return true; }
 // The bootstrap's rt_sigreturn trampoline is glibc's own __restore_rt.
 inline constexpr bool kRestoreRtInVdso = false;
 // Nothing to switch off before a call: the xsave state has no mode that

@@ -506,8 +506,10 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   REMORA_TRY(mem.read(loaded.bias + sym->value, code));
   auto tail =
       std::span(reinterpret_cast<const std::byte*>(a::kSyscallFnTail.data()), a::kSyscallFnTail.size());
-  auto it = std::search(code.begin(), code.end(), tail.begin(), tail.end());
-  if (it == code.end())
+  auto it = std::search(code.begin() + a::kSyscallGadgetLead, code.end(), tail.begin(), tail.end());
+  uint32_t lead = 0;
+  if (it != code.end() && a::kSyscallGadgetLead != 0) std::memcpy(&lead, &*(it - a::kSyscallGadgetLead), 4);
+  if (it == code.end() || !a::syscall_gadget_lead_ok(lead))
     return Error(Errc::kNotSupported, "libc's syscall() in process " + std::to_string(pid) +
                                           " does not have the expected shape (its system call instruction "
                                           "followed by the error check)");

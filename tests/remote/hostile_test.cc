@@ -29,7 +29,12 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)
 #include "arch/x86_64_xstate.h"
+#elif defined(__aarch64__)
+#include <elf.h>
+#include <sys/auxv.h>
+#endif
 #include "harness.h"
 #include "remote_helpers.h"
 
@@ -51,7 +56,6 @@ using namespace std::chrono_literals;
 using remote::CallArg;
 using remote::CallOptions;
 using remote::Target;
-using x86_regs_t = user_regs_struct;
 
 struct Counts {
   long probes = 0;   // successful remora_probe calls
@@ -168,6 +172,20 @@ void exercise(Target& t, const std::map<std::string, pid_t>& tids, Counts* count
   EXPECT_FALSE(t.scratch_address().has_value()) << "scratch mapping still recorded after close()";
 }
 
+// Seizes and interrupts `tid`, runs `read` on the stopped thread, detaches.
+// False if the thread could not be stopped.
+template <typename Fn>
+bool with_thread_stopped(pid_t tid, Fn read) {
+  if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) return false;
+  int st = 0;
+  const bool stopped = ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0 &&
+                       ::waitpid(tid, &st, __WALL) == tid && WIFSTOPPED(st);
+  if (stopped) read();
+  (void)::ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+  return stopped;
+}
+
+#if defined(__x86_64__)
 // The restore frame the engine would build for thread `tid` right now: its
 // extended state read through ptrace (seize, interrupt, read, detach).
 std::optional<arch::x86_64::SigFpstate> frame_for_thread(pid_t pid, pid_t tid) {
@@ -191,6 +209,52 @@ std::optional<arch::x86_64::SigFpstate> frame_for_thread(pid_t pid, pid_t tid) {
   (void)::ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
   return out;
 }
+#endif
+
+#if defined(__aarch64__)
+// struct user_sve_header (asm/ptrace.h), the head of the NT_ARM_SVE register
+// set: the thread's vector length and whether its SVE state is live.
+struct SveHeader {
+  uint32_t size, max_size;
+  uint16_t vl, max_vl, flags, reserved;
+};
+constexpr uint16_t kSvePtRegsSve = 1;  // SVE_PT_REGS_SVE: z/p/ffr live, else FPSIMD only
+
+// Thread `tid`'s NT_ARM_SVE header, read while it is stopped.
+std::optional<SveHeader> sve_header(pid_t tid) {
+  std::optional<SveHeader> out;
+  with_thread_stopped(tid, [&] {
+    SveHeader h{};
+    iovec iov{&h, sizeof h};
+    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_ARM_SVE), &iov) == 0) out = h;
+  });
+  return out;
+}
+
+// The value of "key=<n>" among the target's feature words, 0 if absent.
+unsigned feature_number(const std::string& features, const std::string& key) {
+  std::istringstream in(features);
+  for (std::string w; in >> w;)
+    if (w.rfind(key + "=", 0) == 0) return static_cast<unsigned>(std::stoul(w.substr(key.size() + 1)));
+  return 0;
+}
+
+// Every thread at the vector length the simd target gave it: "sve-altvl*"
+// threads at sve-altvl, every other thread at the process's sve-vl (an
+// engine that restores a thread's SVE state at another length changes it).
+void expect_vector_lengths(const std::map<std::string, pid_t>& tids, const std::string& features,
+                           const char* when) {
+  const unsigned vl = feature_number(features, "sve-vl"), alt = feature_number(features, "sve-altvl");
+  for (const auto& [role, tid] : tids) {
+    auto h = sve_header(tid);
+    ASSERT_TRUE(h.has_value()) << role << ": NT_ARM_SVE unreadable";
+    const unsigned want = role.rfind("sve-altvl", 0) == 0 ? alt : vl;
+    EXPECT_EQ(h->vl, want) << role << " " << when;
+    printf("  %-16s %s: vector length %u bytes, %s state\n", role.c_str(), when, h->vl,
+           (h->flags & kSvePtRegsSve) != 0 ? "SVE" : "FPSIMD");
+  }
+}
+#endif
 
 // `n` calls on every thread, named by tid: every tenth a system call
 // (getpid), the others remora_probe. Counts the probes that succeeded.
@@ -312,10 +376,45 @@ void Hostile::run_simd() {
       if (w == f) return true;
     return false;
   };
+  // Which files the target skipped, and why ("skipped:<file>(<reason>)";
+  // a reason has spaces and may hold parentheses).
+  for (size_t at = features.find("skipped:"); at != std::string::npos;
+       at = features.find("skipped:", at + 1)) {
+    size_t end = at, depth = 0;
+    for (; end < features.size(); ++end) {
+      if (features[end] == '(') ++depth;
+      if (features[end] == ')' && --depth == 0) break;
+    }
+    printf("  %s\n", features.substr(at, end + 1 - at).c_str());
+  }
+#if defined(__aarch64__)
+  // aarch64: v0-v31 with FPCR/FPSR always; z0-z31, p0-p15 and FFR at the
+  // thread's vector length where the CPU has SVE, held while spinning and
+  // across pselect6/nanosleep, and at a second length where the CPU has one;
+  // ZA and the streaming registers in streaming mode where it has SME.
+  EXPECT_TRUE(has("fpsimd")) << features;
+  const bool sve = (getauxval(AT_HWCAP) & (1UL << 22) /* HWCAP_SVE */) != 0;
+  EXPECT_EQ(has("sve"), sve) << features;
+  EXPECT_EQ(has("sme"), (getauxval(AT_HWCAP2) & (1UL << 23) /* HWCAP2_SME */) != 0) << features;
+  if (sve) {
+    EXPECT_EQ(features.find("skipped:sve-syscall"), std::string::npos) << features;
+    EXPECT_NE(feature_number(features, "sve-vl"), 0u) << features;
+    expect_vector_lengths(tids, features, "before");
+  }
+  {
+    auto t = open_target(target.pid());
+    exercise(*t, tids, &counts);
+  }
+  {
+    auto t = open_target(target.pid());
+    calls_on_every_thread(*t, tids, 1000, &counts);
+    ASSERT_TRUE(t->close().ok());
+  }
+  if (sve) expect_vector_lengths(tids, features, "after");
+#else
   __builtin_cpu_init();
   EXPECT_EQ(has("ymm"), __builtin_cpu_supports("avx") != 0) << features;
   EXPECT_EQ(has("zmm"), __builtin_cpu_supports("avx512f") != 0) << features;
-  if (!has("amx")) printf("  skipped: AMX tiles (%s)\n", features.substr(features.find("amx(")).c_str());
   const auto& layout = arch::x86_64::host_xstate_layout();
   printf("  xsave: %s, XCR0 %#llx, kernel area %u bytes, dynamic features %#llx\n",
          layout.xsave ? "yes" : "no", static_cast<unsigned long long>(layout.xcr0),
@@ -341,6 +440,7 @@ void Hostile::run_simd() {
     calls_on_every_thread(*t, tids, 1000, &counts);
     ASSERT_TRUE(t->close().ok());
   }
+#endif
   ASSERT_TRUE(alive(target.pid()));
   expect_clean(target.report(), counts);
 }
@@ -420,6 +520,71 @@ TEST_F(Hostile, Stopped) {
   expect_clean(target.report(), counts);
 }
 
+// The registers ThreadAwaitingRestartSyscall reads and changes, per
+// architecture: how a thread caught inside a wait with restart_syscall
+// pending looks at a PTRACE_INTERRUPT stop, and what the kernel does to it
+// before it next runs in user space.
+#if defined(__x86_64__)
+using ThreadRegs = user_regs_struct;
+bool get_regs(pid_t tid, ThreadRegs* r) { return ptrace(PTRACE_GETREGS, tid, nullptr, r) == 0; }
+bool set_regs(pid_t tid, const ThreadRegs& r) { return ptrace(PTRACE_SETREGS, tid, nullptr, &r) == 0; }
+uint64_t pc_of(const ThreadRegs& r) { return r.rip; }
+// The register that will hold restart_syscall's number.
+uint64_t restart_reg(const ThreadRegs& r) { return r.rax; }
+// x86_64 reports the stop before the restart is set up: rax still holds
+// -ERESTART_RESTARTBLOCK, which says so exactly.
+bool caught_awaiting_restart(pid_t, const ThreadRegs& r, long) {
+  return static_cast<long>(r.rax) == -516 /* ERESTART_RESTARTBLOCK */;
+}
+// Rewind onto the syscall instruction with rax = restart_syscall.
+void rewind_for_restart(ThreadRegs& r) {
+  r.rip -= 2;
+  r.rax = SYS_restart_syscall;
+  r.orig_rax = ~0ull;
+}
+#elif defined(__aarch64__)
+struct ThreadRegs {  // struct user_pt_regs, NT_PRSTATUS
+  uint64_t x[31];
+  uint64_t sp, pc, pstate;
+};
+bool get_regs(pid_t tid, ThreadRegs* r) {
+  iovec iov{r, sizeof *r};
+  return ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_PRSTATUS), &iov) == 0;
+}
+bool set_regs(pid_t tid, const ThreadRegs& r) {
+  iovec iov{const_cast<ThreadRegs*>(&r), sizeof r};
+  return ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(NT_PRSTATUS), &iov) == 0;
+}
+uint64_t pc_of(const ThreadRegs& r) { return r.pc; }
+uint64_t restart_reg(const ThreadRegs& r) { return r.x[8]; }
+// aarch64 rewinds *before* the stop (arch/arm64/kernel/signal.c, do_signal):
+// pc is back on the svc and x0 holds orig_x0 again, but x8 still holds the
+// wait's number; restart_syscall goes into x8 only after get_signal
+// returns. So the registers alone cannot tell a rewound wait from a thread
+// about to enter it. Caught means: /proc said the thread was blocked in
+// that call just before the interrupt (`seen_nr`), and it stopped on an svc
+// with that number in x8. (A thread that left the wait meanwhile and was
+// stopped exactly on its next svc would pass too: a window of a few
+// instructions against a 20-30 ms wait.)
+bool caught_awaiting_restart(pid_t tid, const ThreadRegs& r, long seen_nr) {
+  if (seen_nr != SYS_clock_nanosleep && seen_nr != SYS_nanosleep && seen_nr != SYS_futex) return false;
+  if (static_cast<long>(r.x[8]) != seen_nr) return false;
+  errno = 0;
+  const long word = ptrace(PTRACE_PEEKTEXT, tid, reinterpret_cast<void*>(r.pc), nullptr);
+  return errno == 0 && static_cast<uint32_t>(word) == 0xd4000001u;  // svc #0
+}
+void rewind_for_restart(ThreadRegs& r) { r.x[8] = SYS_restart_syscall; }
+#endif
+
+// The system call thread `tid` is blocked in (/proc/PID/task/TID/syscall's
+// first field), -1 if none or unreadable.
+long blocked_syscall(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  if (!(in >> nr)) return -1;
+  return nr;
+}
+
 // A thread that a tracer released right after the kernel rewound it for
 // restart_syscall, and that has not run since, keeps its interrupted wait
 // only in the kernel's restart_block. A call on it must leave that block
@@ -454,23 +619,22 @@ TEST_F(Hostile, ThreadAwaitingRestartSyscall) {
     SCOPED_TRACE(role);
     const pid_t waiter = tids.at(role);
     // Catch the thread inside its timed wait (20 or 30 ms at a time).
-    x86_regs_t regs{};
+    ThreadRegs regs{};
     for (int attempt = 0;; ++attempt) {
       ASSERT_LT(attempt, 100) << "the thread was never caught inside its wait";
+      const long seen_nr = blocked_syscall(pid, waiter);
       ASSERT_EQ(ptrace(PTRACE_SEIZE, waiter, nullptr, nullptr), 0) << strerror(errno);
       ASSERT_EQ(ptrace(PTRACE_INTERRUPT, waiter, nullptr, nullptr), 0) << strerror(errno);
       wait_tid(waiter);
-      ASSERT_EQ(ptrace(PTRACE_GETREGS, waiter, nullptr, &regs), 0) << strerror(errno);
-      if (static_cast<long>(regs.rax) == -516 /* ERESTART_RESTARTBLOCK */) break;
+      ASSERT_TRUE(get_regs(waiter, &regs)) << strerror(errno);
+      if (caught_awaiting_restart(waiter, regs, seen_nr)) break;
       ASSERT_EQ(ptrace(PTRACE_DETACH, waiter, nullptr, nullptr), 0) << strerror(errno);
       std::this_thread::sleep_for(2ms);
     }
-    // What the kernel does before returning to user space: rewind onto the
-    // syscall instruction with rax = restart_syscall.
-    regs.rip -= 2;
-    regs.rax = SYS_restart_syscall;
-    regs.orig_rax = ~0ull;
-    ASSERT_EQ(ptrace(PTRACE_SETREGS, waiter, nullptr, &regs), 0) << strerror(errno);
+    // What the kernel does before returning to user space: the thread on
+    // its system call instruction, about to issue restart_syscall.
+    rewind_for_restart(regs);
+    ASSERT_TRUE(set_regs(waiter, regs)) << strerror(errno);
     // Released into a group stop, it stays on that instruction.
     ASSERT_EQ(kill(pid, SIGSTOP), 0);
     ASSERT_EQ(ptrace(PTRACE_DETACH, waiter, nullptr, nullptr), 0) << strerror(errno);
@@ -489,14 +653,14 @@ TEST_F(Hostile, ThreadAwaitingRestartSyscall) {
       EXPECT_TRUE(t->close().ok());
     }
     // Still on the instruction, still about to restart.
-    x86_regs_t now{};
+    ThreadRegs now{};
     ASSERT_EQ(ptrace(PTRACE_SEIZE, waiter, nullptr, nullptr), 0) << strerror(errno);
     ASSERT_EQ(ptrace(PTRACE_INTERRUPT, waiter, nullptr, nullptr), 0) << strerror(errno);
     wait_tid(waiter);
-    ASSERT_EQ(ptrace(PTRACE_GETREGS, waiter, nullptr, &now), 0) << strerror(errno);
+    ASSERT_TRUE(get_regs(waiter, &now)) << strerror(errno);
     ASSERT_EQ(ptrace(PTRACE_DETACH, waiter, nullptr, nullptr), 0) << strerror(errno);
-    EXPECT_EQ(now.rip, regs.rip);
-    EXPECT_EQ(now.rax, regs.rax);
+    EXPECT_EQ(pc_of(now), pc_of(regs));
+    EXPECT_EQ(restart_reg(now), restart_reg(regs));
     ASSERT_EQ(kill(pid, SIGCONT), 0);
   }
   expect_clean(target.report(), counts);

@@ -17,6 +17,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// musl's dynamic loader on this architecture: the name the refusal quotes.
+#if defined(__aarch64__)
+constexpr const char* kMuslLoader = "ld-musl-aarch64.so.1";
+#else
+constexpr const char* kMuslLoader = "ld-musl-x86_64.so.1";
+#endif
+
 class MuslRefusal : public IntegrationTest {
  protected:
   void SetUp() override {
@@ -41,7 +48,7 @@ TEST_F(MuslRefusal, OpenRefusesAtOnce) {
   ASSERT_FALSE(r.ok()) << "a musl process was opened";
   EXPECT_EQ(r.error().code(), Errc::kNotSupported) << describe(r.error());
   const std::string msg = r.error().to_string();
-  EXPECT_NE(msg.find("uses musl libc (ld-musl-x86_64.so.1)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::string("uses musl libc (") + kMuslLoader + ")"), std::string::npos) << msg;
   EXPECT_NE(msg.find("attach to a glibc process"), std::string::npos) << msg;
   EXPECT_LT(took, 1s) << "refused, but not at once";
   // Untouched: not traced, not stopped, still running.

@@ -39,8 +39,10 @@ int kills_wanted() {
 }
 
 // Anonymous private R-X pages of their own in the maps: one per scratch
-// mapping (its stub page), ours or a dead controller's.
+// mapping (its stub page), ours or a dead controller's. A page is the
+// kernel's (4 KiB on x86_64; 4, 16 or 64 KiB on aarch64).
 int count_stub_pages(pid_t pid) {
+  const unsigned long long page = static_cast<unsigned long long>(sysconf(_SC_PAGESIZE));
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   std::string line;
   int n = 0;
@@ -49,7 +51,7 @@ int count_stub_pages(pid_t pid) {
     char perms[8] = {}, dev[16] = {};
     if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %15s %llu", &lo, &hi, perms, &off, dev, &inode) != 6)
       continue;
-    if (hi - lo == 4096 && std::string(perms) == "r-xp" && inode == 0 &&
+    if (hi - lo == page && std::string(perms) == "r-xp" && inode == 0 &&
         line.find("[vdso]") == std::string::npos && line.find("[vsyscall]") == std::string::npos)
       ++n;
   }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 
 #include "harness.h"
@@ -42,6 +43,11 @@ TEST_F(Targets, IdleSyscalls) {
 }
 TEST_F(Targets, IdleSpin) {
   TargetProcess t("remora_target_spin");
+#if defined(__aarch64__)
+  // The threads that hold x0-x30 across nanosleep and ppoll.
+  auto tids = t.tids();
+  EXPECT_TRUE(tids.count("hold-sleep") && tids.count("hold-ppoll"));
+#endif
   t.snapshot();
   expect_idle_clean(t);
 }
@@ -58,6 +64,18 @@ TEST_F(Targets, IdleMalloc) {
 }
 TEST_F(Targets, IdleSimd) {
   TargetProcess t("remora_target_simd");
+  // What it holds and what it skipped (and why), for the log.
+  const std::string features = t.command("features");
+  printf("  register files: %s\n", features.c_str());
+  EXPECT_EQ(features.rfind("error", 0), std::string::npos) << features;
+#if defined(__aarch64__)
+  EXPECT_NE(features.find("fpsimd"), std::string::npos) << features;
+  // With SVE, the blocking SVE threads run: the start-up measurement found
+  // this platform's system calls either zeroing or keeping the SVE bits.
+  if (features.find(" sve ") != std::string::npos) {
+    EXPECT_EQ(features.find("skipped:sve-syscall"), std::string::npos) << features;
+  }
+#endif
   t.snapshot();
   expect_idle_clean(t);
 }

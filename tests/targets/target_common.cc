@@ -8,6 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
+
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -37,8 +41,12 @@ std::atomic<long> g_probe_string_calls{0};
 void (*g_count_lock)() = nullptr;
 void (*g_count_unlock)() = nullptr;
 
+#if defined(__x86_64__)
 bool g_have_avx = false;
 bool g_have_avx512 = false;
+#elif defined(__aarch64__)
+bool g_have_sve = false;  // HWCAP_SVE
+#endif
 
 long g_fds_at_snapshot = 0;
 long g_maps_at_snapshot = 0;
@@ -46,8 +54,9 @@ long g_maps_at_snapshot = 0;
 }  // namespace
 
 extern "C" {
-// Bumped by the x86_64 entry stub of remora_probe when the stack is not
-// aligned as the ABI requires at a call (rsp % 16 == 8 at entry).
+// Bumped by the entry stub of remora_probe when the stack is not aligned as
+// the ABI requires at a call (x86_64: rsp % 16 == 8 at entry; aarch64:
+// sp % 16 == 0).
 __attribute__((visibility("hidden"), used)) std::atomic<long> remora_misaligned_entries{0};
 }
 
@@ -149,6 +158,12 @@ thread_local bool t_amx_thread = false;
 
 void mark_amx_thread() { t_amx_thread = true; }
 
+namespace {
+thread_local bool t_sme_thread = false;
+}  // namespace
+
+void mark_sme_thread() { t_sme_thread = true; }
+
 bool amx_usable(std::string* why) {
 #if defined(__x86_64__)
   static int state = -1;  // -1 unknown, 0 no, 1 yes
@@ -180,6 +195,52 @@ bool amx_usable(std::string* why) {
 #else
   if (why) *why = "no AMX: not x86_64";
   return false;
+#endif
+}
+
+#if defined(__aarch64__)
+// Bits of AT_HWCAP/AT_HWCAP2 (arch/arm64/include/uapi/asm/hwcap.h); glibc
+// 2.36's headers predate HWCAP2_SME.
+constexpr unsigned long kHwcapSve = 1UL << 22;
+constexpr unsigned long kHwcap2Sme = 1UL << 23;
+#endif
+
+bool sve_usable(std::string* why) {
+#if defined(__aarch64__)
+  const bool yes = (getauxval(AT_HWCAP) & kHwcapSve) != 0;
+  if (why) *why = yes ? "" : "no SVE: AT_HWCAP lacks HWCAP_SVE";
+  return yes;
+#else
+  if (why) *why = "no SVE: not aarch64";
+  return false;
+#endif
+}
+
+bool sme_usable(std::string* why) {
+#if defined(__aarch64__)
+  const bool yes = (getauxval(AT_HWCAP2) & kHwcap2Sme) != 0;
+  if (why) *why = yes ? "" : "no SME: AT_HWCAP2 lacks HWCAP2_SME";
+  return yes;
+#else
+  if (why) *why = "no SME: not aarch64";
+  return false;
+#endif
+}
+
+#if defined(__aarch64__)
+__attribute__((target("+sve"))) static unsigned read_vl() {
+  uint64_t vl = 0;
+  asm volatile("rdvl %0, #1" : "=r"(vl));
+  return static_cast<unsigned>(vl);
+}
+#endif
+
+unsigned sve_vector_length() {
+#if defined(__aarch64__)
+  // rdvl only after the hwcap check: without SVE it is an undefined instruction.
+  return sve_usable(nullptr) ? read_vl() : 0;
+#else
+  return 0;
 #endif
 }
 
@@ -315,6 +376,8 @@ int run_protocol(ExtraReportFn extra_report, ExtraCommandFn extra_cmd) {
   __builtin_cpu_init();
   g_have_avx = __builtin_cpu_supports("avx");
   g_have_avx512 = __builtin_cpu_supports("avx512f");
+#elif defined(__aarch64__)
+  g_have_sve = sve_usable(nullptr);
 #endif
   warm_up_malloc();
   wait_workers_started();
@@ -421,12 +484,60 @@ void clobber_amx() {
 }
 #endif
 
+#if defined(__aarch64__)
+// clang-format off
+#define A64_X32(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) \
+  M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31)
+#define A64_V_ONES(n) "mov v" #n ".16b, v0.16b\n\t"
+#define A64_Z_ONES(n) "mov z" #n ".d, z0.d\n\t"
+#define A64_P_TRUE(n) "ptrue p" #n ".b\n\t"
+// clang-format on
+#define A64_V_CLOBBERS                                                                                  \
+  "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", \
+      "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", \
+      "v30", "v31"
+
+// v0-v31 all ones and FPSR's cumulative flags set to a value no target
+// holds. v8-v15 are listed as clobbered, so the compiler keeps their lower
+// halves (d8-d15, callee-saved in AAPCS64) around the asm: the upper halves
+// change, as any function may change them. FPCR (rounding mode) is left
+// alone: a function that changes it for its caller breaks the ABI.
+void clobber_fpsimd() {
+  asm volatile("movi v0.16b, #0xff\n\t" A64_X32(A64_V_ONES)
+               "mov x9, #0xe\n\t"  // DZC, OFC, UFC
+               "msr fpsr, x9\n\t" ::
+                   : "x9", A64_V_CLOBBERS);
+}
+
+// z0-z31 all ones (their bits above 128 are caller-saved), p0-p15 all true,
+// FFR all true (a target's FFR holds a shorter first-fault pattern).
+__attribute__((target("+sve"))) void clobber_sve() {
+  asm volatile("mov z0.b, #-1\n\t" A64_X32(A64_Z_ONES) A64_P_TRUE(0) A64_P_TRUE(1) A64_P_TRUE(2) A64_P_TRUE(3)
+                   A64_P_TRUE(4) A64_P_TRUE(5) A64_P_TRUE(6) A64_P_TRUE(7) A64_P_TRUE(8) A64_P_TRUE(9)
+                       A64_P_TRUE(10) A64_P_TRUE(11) A64_P_TRUE(12) A64_P_TRUE(13) A64_P_TRUE(14)
+                           A64_P_TRUE(15) "setffr\n\t" ::
+                               : A64_V_CLOBBERS, "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9",
+                                 "p10", "p11", "p12", "p13", "p14", "p15", "ffr");
+}
+// ZA zeroed, on a thread that keeps ZA live (ZA on, with its rows
+// loaded). smstart za leaves ZA as it is when it is already on (and enables
+// it zeroed when the engine turned it off around the call); either way ZA
+// then reads zero, so an engine that does not give the thread back its ZA
+// is caught. ZA stays on: turning it off here would make the thread's next
+// ZA access fault instead of being reported.
+void clobber_za() { asm volatile(".arch_extension sme\n\tsmstart za\n\tzero {za}\n\t" ::: "memory"); }
+#endif
+
 void clobber_caller_saved_state() {
 #if defined(__x86_64__)
   clobber_sse();
   if (remora_target::g_have_avx) clobber_avx();
   if (remora_target::g_have_avx512) clobber_avx512();
   if (remora_target::t_amx_thread) clobber_amx();
+#elif defined(__aarch64__)
+  clobber_fpsimd();
+  if (remora_target::g_have_sve) clobber_sve();
+  if (remora_target::t_sme_thread) clobber_za();
 #endif
 }
 
@@ -450,6 +561,36 @@ remora_probe:
     jz 1f
     lock incq remora_misaligned_entries(%rip)
 1:  jmp remora_probe_body
+    .cfi_endproc
+    .size remora_probe, .-remora_probe
+)");
+extern "C" __attribute__((visibility("hidden"), used, noinline)) long remora_probe_body(long a, long b) {
+#elif defined(__aarch64__)
+// The same check for AAPCS64: sp is a multiple of 16 at every public
+// interface. Only x9, x16 and x17 are used before the tail branch (scratch
+// at a call; x0 and x1 carry the arguments). bti c (a hint: a no-op without
+// BTI) makes the entry a landing pad, should the binary be built with
+// branch protection. The counter is bumped with an exclusive-access loop
+// (LSE atomics are not in the base architecture).
+extern "C" __attribute__((visibility("hidden"), used, noinline)) long remora_probe_body(long a, long b);
+asm(R"(
+    .text
+    .globl remora_probe
+    .type remora_probe, %function
+    .p2align 4
+remora_probe:
+    .cfi_startproc
+    hint #34
+    mov x16, sp
+    tst x16, #15
+    b.eq 2f
+    adrp x16, remora_misaligned_entries
+    add x16, x16, :lo12:remora_misaligned_entries
+1:  ldxr x17, [x16]
+    add x17, x17, #1
+    stxr w9, x17, [x16]
+    cbnz w9, 1b
+2:  b remora_probe_body
     .cfi_endproc
     .size remora_probe, .-remora_probe
 )");

@@ -27,7 +27,11 @@
 //   long remora_probe_string_calls(void)    number of remora_probe_string calls
 // remora_probe also clobbers every caller-saved vector register (the ABI
 // allows it), so an engine that does not restore the interrupted thread's
-// FP/SIMD state is caught by the simd target.
+// FP/SIMD state is caught by the simd target: on x86_64 xmm/ymm/zmm, k0-k7,
+// the x87 stack (and the tiles on an AMX thread); on aarch64 v0-v31 (v8-v15
+// in their upper halves: AAPCS64 has the callee keep d8-d15), FPSR and, where
+// the CPU has SVE, z0-z31, p0-p15 and FFR. Its entry checks the stack
+// alignment the ABI promises at a call (counted in the report).
 #pragma once
 
 #include <sys/types.h>
@@ -111,5 +115,16 @@ bool amx_usable(std::string* why);
 // them when it runs there (other threads never touch AMX: using it would
 // enlarge their extended state, which is exactly what must stay small).
 void mark_amx_thread();
+
+// aarch64: whether this process may use SVE (AT_HWCAP has HWCAP_SVE: the CPU
+// has it and the kernel manages its state) and SME (AT_HWCAP2 has
+// HWCAP2_SME). Otherwise `why` says what is missing. Always false elsewhere.
+bool sve_usable(std::string* why);
+bool sme_usable(std::string* why);
+// The calling thread's SVE vector length in bytes (rdvl); 0 without SVE.
+unsigned sve_vector_length();
+// Marks the calling thread as one that keeps ZA live (SME): remora_probe
+// zeroes ZA when it runs there (other threads never enable ZA).
+void mark_sme_thread();
 
 }  // namespace remora_target

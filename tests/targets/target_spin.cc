@@ -2,10 +2,21 @@
 // kernel on their own. Each loop
 //  * recomputes a checksum (an LCG over 20000 steps) and compares it with the
 //    value computed at start-up: a corrupted register or flag shows up here;
-//  * runs remora_gpr_hold, an assembly loop that keeps known values in eleven
-//    general registers and in the 128-byte red zone below rsp and checks them
-//    on every iteration: an engine that does not restore a register exactly,
-//    or that writes into the red zone of the interrupted thread, is caught.
+//  * runs remora_gpr_hold, an assembly loop that keeps known values in
+//    general registers and checks them on every iteration, without a
+//    function call: an engine that does not restore a register exactly is
+//    caught. x86_64: eleven registers and the 128-byte red zone below rsp
+//    (an engine that writes into the red zone is caught too). aarch64:
+//    x0-x30 (x29 and x30 included: the loop saves them first), in two
+//    loops that take turns (x2-x30, then x0-x28), and seven slots of its
+//    own frame above sp (AAPCS64 has no red zone; the engine must build its
+//    call below sp).
+// On aarch64 two more threads hold x0-x30 across a blocking system call
+// issued by the same loop (svc with the values live; the kernel keeps every
+// register but x0): "hold-sleep" in nanosleep (1 ms; an interrupted one
+// restarts through restart_syscall) and "hold-ppoll" in ppoll (1 ms; it
+// restarts as an ordinary call, so a remote call restores the thread through
+// its signal frame). x8 and the arguments are the call's, reloaded after it.
 #include <cstdint>
 #include <cstdio>
 
@@ -173,6 +184,117 @@ remora_gpr_hold:
     ret
     .size remora_gpr_hold, .-remora_gpr_hold
 )");
+#elif defined(__aarch64__)
+// uint64_t remora_gpr_hold(uint64_t iterations, uint64_t mode): mode 0
+// spins, 1 calls nanosleep and 2 ppoll between two checks. Returns the
+// number of iterations that found a register or a frame slot changed. It
+// runs two loops in turn, because a check needs two scratch registers:
+// remora_gpr_hold_a holds x2-x30 (x0 and x1 are its scratch),
+// remora_gpr_hold_b x0-x28 (x29 and x30 are). Their frame:
+//   [sp]      x29, x30      [sp+16..95]  x19-x28 (callee-saved)
+//   [sp+96]   bad count     [sp+104]     mode      [sp+112] iterations left
+//   [sp+120]  timespec      [sp+136..191] seven pattern slots
+// After a system call the registers it takes (x0-x4, x8) are reloaded.
+// clang-format off
+#define GPR_V(n) "(0x5eed000000001234 + " #n " * 0x0000010101010101)"
+#define GPR_LOAD(n) "    ldr x" #n ", =" GPR_V(n) "\n"
+#define GPR_CHECK(n) "    ldr " SCR1 ", =" GPR_V(n) "\n    cmp x" #n ", " SCR1 "\n    b.ne 3f\n"
+#define SLOT_V(k) "(0xa5a5000000000077 + " #k " * 0x0000001111111111)"
+#define SLOT_STORE(k) "    ldr " SCR1 ", =" SLOT_V(k) "\n    str " SCR1 ", [sp, #(136 + 8 * " #k ")]\n"
+#define SLOT_CHECK(k)                                                                            \
+  "    ldr " SCR0 ", [sp, #(136 + 8 * " #k ")]\n    ldr " SCR1 ", =" SLOT_V(k) "\n    cmp " SCR0 \
+  ", " SCR1 "\n    b.ne 3f\n"
+#define GPRS_A(M) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17) \
+  M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28) M(29) M(30)
+#define GPRS_B(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) \
+  M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28)
+#define SLOTS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6)
+// One loop: NAME holds the registers HELD lists, with SCR0/SCR1 (defined
+// before each use) as scratch; RELOAD: held registers the system calls take
+// beyond x2-x4 and x8.
+#define GPR_HOLD_ASM(NAME, HELD, RELOAD)  \
+  "    .text\n"                           \
+  "    .type " NAME ", %function\n"       \
+  "    .p2align 4\n"                      \
+  NAME ":\n"                              \
+  "    .cfi_startproc\n"                  \
+  "    stp x29, x30, [sp, #-192]!\n"      \
+  "    .cfi_def_cfa_offset 192\n"         \
+  "    .cfi_offset x29, -192\n"           \
+  "    .cfi_offset x30, -184\n"           \
+  "    stp x19, x20, [sp, #16]\n"         \
+  "    stp x21, x22, [sp, #32]\n"         \
+  "    stp x23, x24, [sp, #48]\n"         \
+  "    stp x25, x26, [sp, #64]\n"         \
+  "    stp x27, x28, [sp, #80]\n"         \
+  "    str xzr, [sp, #96]\n"              \
+  "    str x1, [sp, #104]\n"              \
+  "    str x0, [sp, #112]\n"              \
+  "2:\n" HELD(GPR_LOAD) SLOTS(SLOT_STORE) \
+  "1:\n" HELD(GPR_CHECK) SLOTS(SLOT_CHECK) \
+  "    ldr " SCR0 ", [sp, #104]\n"        \
+  "    cbz " SCR0 ", 5f\n"                \
+  "    str xzr, [sp, #120]\n"             \
+  "    ldr " SCR1 ", =1000000\n"          \
+  "    str " SCR1 ", [sp, #128]\n"        \
+  "    cmp " SCR0 ", #2\n"                \
+  "    b.eq 6f\n"                         \
+  /* nanosleep(&ts, NULL) */              \
+  "    add x0, sp, #120\n"                \
+  "    mov x1, #0\n"                      \
+  "    mov x8, #101\n"                    \
+  "    svc #0\n"                          \
+  "    b 7f\n"                            \
+  /* ppoll(NULL, 0, &ts, NULL, 8) */      \
+  "6:  mov x0, #0\n"                      \
+  "    mov x1, #0\n"                      \
+  "    add x2, sp, #120\n"                \
+  "    mov x3, #0\n"                      \
+  "    mov x4, #8\n"                      \
+  "    mov x8, #73\n"                     \
+  "    svc #0\n"                          \
+  GPR_LOAD(2) GPR_LOAD(3) GPR_LOAD(4)     \
+  "7:\n" GPR_LOAD(8) RELOAD               \
+  "5:  ldr " SCR0 ", [sp, #112]\n"        \
+  "    subs " SCR0 ", " SCR0 ", #1\n"     \
+  "    str " SCR0 ", [sp, #112]\n"        \
+  "    b.ne 1b\n"                         \
+  "    b 4f\n"                            \
+  "3:  ldr " SCR0 ", [sp, #96]\n"         \
+  "    add " SCR0 ", " SCR0 ", #1\n"      \
+  "    str " SCR0 ", [sp, #96]\n"         \
+  "    ldr " SCR0 ", [sp, #112]\n"        \
+  "    subs " SCR0 ", " SCR0 ", #1\n"     \
+  "    str " SCR0 ", [sp, #112]\n"        \
+  "    b.ne 2b\n"                         \
+  "4:  ldr x0, [sp, #96]\n"               \
+  "    ldp x19, x20, [sp, #16]\n"         \
+  "    ldp x21, x22, [sp, #32]\n"         \
+  "    ldp x23, x24, [sp, #48]\n"         \
+  "    ldp x25, x26, [sp, #64]\n"         \
+  "    ldp x27, x28, [sp, #80]\n"         \
+  "    ldp x29, x30, [sp], #192\n"        \
+  "    .cfi_def_cfa_offset 0\n"           \
+  "    ret\n"                             \
+  "    .cfi_endproc\n"                    \
+  "    .size " NAME ", .-" NAME "\n"      \
+  "    .ltorg\n"
+// clang-format on
+extern "C" uint64_t remora_gpr_hold_a(uint64_t iterations, uint64_t mode);
+extern "C" uint64_t remora_gpr_hold_b(uint64_t iterations, uint64_t mode);
+#define SCR0 "x0"
+#define SCR1 "x1"
+asm(GPR_HOLD_ASM("remora_gpr_hold_a", GPRS_A, ""));
+#undef SCR0
+#undef SCR1
+#define SCR0 "x29"
+#define SCR1 "x30"
+asm(GPR_HOLD_ASM("remora_gpr_hold_b", GPRS_B, GPR_LOAD(0) GPR_LOAD(1)));
+#undef SCR0
+#undef SCR1
+extern "C" uint64_t remora_gpr_hold(uint64_t iterations, uint64_t mode) {
+  return remora_gpr_hold_a(iterations, mode) + remora_gpr_hold_b(iterations, mode);
+}
 #else
 extern "C" uint64_t remora_gpr_hold(uint64_t) { return 0; }
 #endif
@@ -207,13 +329,37 @@ void* spin(void* arg) {
     if (got != g_expected[s->index])
       anomaly("spin %d: checksum 0x%llx, expected 0x%llx", s->index, (unsigned long long)got,
               (unsigned long long)g_expected[s->index]);
+#if defined(__aarch64__)
+    uint64_t bad = remora_gpr_hold(20000, 0);
+#else
     uint64_t bad = remora_gpr_hold(20000);
+#endif
     if (bad != 0)
       anomaly("spin %d: general register or red zone changed (%llu iterations)", s->index,
               (unsigned long long)bad);
     s->w->progress++;
   }
 }
+
+#if defined(__aarch64__)
+struct Blocker {
+  Worker* w;
+  uint64_t mode;  // 1 nanosleep, 2 ppoll
+};
+Blocker g_blockers[2];
+
+void* hold_blocking(void* arg) {
+  Blocker* b = static_cast<Blocker*>(arg);
+  worker_started(b->w);
+  for (;;) {
+    uint64_t bad = remora_gpr_hold(20, b->mode);  // 20 system calls of 1 ms
+    if (bad != 0)
+      anomaly("%s: general register or frame slot changed across the system call (%llu iterations)",
+              b->w->role, (unsigned long long)bad);
+    b->w->progress++;
+  }
+}
+#endif
 
 }  // namespace
 
@@ -225,5 +371,10 @@ int main() {
     g_spinners[i] = {register_worker(role), i};
     start_thread(spin, &g_spinners[i]);
   }
+#if defined(__aarch64__)
+  g_blockers[0] = {register_worker("hold-sleep"), 1};
+  g_blockers[1] = {register_worker("hold-ppoll"), 2};
+  for (Blocker& b : g_blockers) start_thread(hold_blocking, &b);
+#endif
   return run_protocol();
 }
