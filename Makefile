@@ -4,7 +4,10 @@
 #
 #   make deps    install missing Debian packages (apt-get; nothing if all present)
 #   make         configure and build into $(BUILD_DIR) (RelWithDebInfo)
-#   make test    build, then run every test with ctest
+#   make test    build (and the aarch64 cross build), then run every test with ctest,
+#                the aarch64 guest's suites included (aarch64.*)
+#   make test-aarch64  cross-build $(AARCH64_BUILD_DIR), boot it in qemu-system-aarch64, run and
+#                report its suites (tests/aarch64/run_guest.py)
 #   make demo    build, then `remora attach` (the default tool) on the bundled sample service
 #   make bench   build, then run remora-bench-call and remora-bench-attach and print their results
 #   make format  clang-format every C/C++ source in place
@@ -20,32 +23,64 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
                 libunwind-dev python3 python3-pytest binutils util-linux mount procps libseccomp-dev \
                 libdw-dev libelf-dev libprotobuf-dev protobuf-compiler python3-protobuf nlohmann-json3-dev \
-                zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light
+                zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light \
+                qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross \
+                libstdc++-12-dev-arm64-cross
+# The aarch64 cross build's libraries, from Debian's arm64 architecture
+# (multiarch): apt must know arm64 for them, and for the guest's kernel and
+# busybox, which tests/aarch64/run_guest.py fetches with apt-get download.
+ARM64_PACKAGES := libgtest-dev:arm64 libgmock-dev:arm64 libunwind-dev:arm64 libseccomp-dev:arm64 \
+                  liblzma-dev:arm64
 
-.PHONY: all deps configure build test demo bench format clean
+AARCH64_BUILD_DIR ?= build-aarch64
+# Release: no debug info to compile or to carry into the guest's initramfs
+# (the test programs keep their own -O2 -g).
+AARCH64_BUILD_TYPE ?= Release
+
+.PHONY: all deps configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64
 
 all: build
 
 # apt-get runs only when a package is missing, and updates its lists first.
+# A name without :arch means the native one (or all): with arm64 added, plain
+# `dpkg -s libgtest-dev` no longer answers for amd64 alone.
 deps:
-	@missing=""; \
-	for p in $(DEB_PACKAGES); do \
-	  dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	@missing=""; native=$$(dpkg --print-architecture); \
+	for p in $(DEB_PACKAGES) $(ARM64_PACKAGES); do \
+	  case $$p in *:*) want=$${p##*:};; *) want=$$native;; esac; \
+	  dpkg-query -W -f='$${db:Status-Abbrev} $${Architecture}\n' $$p 2>/dev/null | grep -Eq "^ii +($$want|all)$$" || \
+	    missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	  echo "deps: installing$$missing"; \
+	  if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
+	    echo "deps: adding the arm64 architecture (dpkg --add-architecture arm64)"; \
+	    $$sudo dpkg --add-architecture arm64 || exit 1; \
+	  fi; \
 	  $$sudo apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends $$missing; \
 	fi
 
 configure: deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DREMORA_AARCH64_BUILD_DIR=$(abspath $(AARCH64_BUILD_DIR))
 
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-test: build
+# The aarch64 suites run in a qemu-system-aarch64 guest (qemu-user cannot
+# ptrace): the host's ctest boots it (aarch64.guest) once this is built.
+aarch64-configure: deps
+	cmake -S . -B $(AARCH64_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(AARCH64_BUILD_TYPE) \
+	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/toolchain-aarch64.cmake
+
+aarch64-build: aarch64-configure
+	cmake --build $(AARCH64_BUILD_DIR) -j$(JOBS)
+
+test-aarch64: aarch64-build
+	/usr/bin/python3 -B tests/aarch64/run_guest.py --build-dir $(AARCH64_BUILD_DIR)
+
+test: build aarch64-build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2
 
 demo: build
@@ -61,4 +96,4 @@ format:
 	git ls-files -z -- '*.cc' '*.h' '*.cpp' '*.hpp' '*.c' | xargs -0 -r clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR) build-dev build-release
+	rm -rf $(BUILD_DIR) build-dev build-release $(AARCH64_BUILD_DIR)
