@@ -35,9 +35,9 @@ __attribute__((visibility("default"))) struct remora_agent_info remora_agent_inf
 }
 
 // Remora's remote-call stubs, `remora_agent_stub`, are not written here:
-// this library links src/arch/x86_64_stub.S, the source the controller's
-// arch::x86_64::stub_code() is assembled from (agent/CMakeLists.txt), and
-// exports the block from there. With them here, calls on the listener thread
+// this library links the host architecture's src/arch/<arch>_stub.S, the
+// source the controller's stub_code() is assembled from
+// (agent/CMakeLists.txt), and exports the block from there. With them here, calls on the listener thread
 // need no scratch mapping at all: a re-attach maps nothing in the target.
 
 // Byte arguments of remote calls on the listener thread go here.

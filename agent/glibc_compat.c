@@ -1,4 +1,4 @@
-// The glibc floor of libremora-agent.so and libremora-tool.so (x86_64): both
+// The glibc floor of libremora-agent.so and libremora-tool.so: both
 // are loaded into processes of any glibc container, so they must not ask for a
 // symbol version newer than the oldest glibc they promise to load into
 // (REMORA_MIN_GLIBC in tests/deps/check_deps.py, stated in docs/tool.md).
@@ -15,14 +15,21 @@
 // the loader must load them), so there they resolve against the process's
 // own copies, which any process Remora can start a thread in has loaded.
 //
-// Built only on x86_64 (agent/CMakeLists.txt): the versions named are that
-// architecture's.
+// The versions are each architecture's (its first glibc's: 2.2.5 on x86_64,
+// 2.17 on aarch64), given by agent/CMakeLists.txt as REMORA_GLIBC_FIRST,
+// REMORA_GLIBC_SETNAME and REMORA_GLIBC_DLADDR1 (the two names that came
+// later on x86_64), with REMORA_STAT_VER for __xstat.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/stat.h>
+
+#if !defined(REMORA_GLIBC_FIRST) || !defined(REMORA_GLIBC_SETNAME) || !defined(REMORA_GLIBC_DLADDR1) || \
+    !defined(REMORA_STAT_VER)
+#error "glibc_compat.c: agent/CMakeLists.txt defines REMORA_GLIBC_FIRST and the rest for this architecture"
+#endif
 
 #define REMORA_HIDDEN __attribute__((visibility("hidden")))
 
@@ -34,33 +41,34 @@
   __asm__(".symver remora_glibc_" #name ", " #name "@" version); \
   REMORA_HIDDEN ret name params { return remora_glibc_##name args; }
 
-REMORA_PIN(int, pthread_create, "GLIBC_2.2.5",
+REMORA_PIN(int, pthread_create, REMORA_GLIBC_FIRST,
            (pthread_t * t, const pthread_attr_t* attr, void* (*fn)(void*), void* arg), (t, attr, fn, arg))
-REMORA_PIN(int, pthread_detach, "GLIBC_2.2.5", (pthread_t t), (t))
-REMORA_PIN(int, pthread_join, "GLIBC_2.2.5", (pthread_t t, void** ret), (t, ret))
-REMORA_PIN(int, pthread_once, "GLIBC_2.2.5", (pthread_once_t * once, void (*fn)(void)), (once, fn))
-REMORA_PIN(int, pthread_key_create, "GLIBC_2.2.5", (pthread_key_t * key, void (*dtor)(void*)), (key, dtor))
-REMORA_PIN(int, pthread_mutex_trylock, "GLIBC_2.2.5", (pthread_mutex_t * m), (m))
-REMORA_PIN(int, pthread_setname_np, "GLIBC_2.12", (pthread_t t, const char* name), (t, name))
-REMORA_PIN(int, pthread_attr_setstacksize, "GLIBC_2.2.5", (pthread_attr_t * a, size_t size), (a, size))
-REMORA_PIN(int, pthread_attr_setstack, "GLIBC_2.2.5", (pthread_attr_t * a, void* stack, size_t size),
+REMORA_PIN(int, pthread_detach, REMORA_GLIBC_FIRST, (pthread_t t), (t))
+REMORA_PIN(int, pthread_join, REMORA_GLIBC_FIRST, (pthread_t t, void** ret), (t, ret))
+REMORA_PIN(int, pthread_once, REMORA_GLIBC_FIRST, (pthread_once_t * once, void (*fn)(void)), (once, fn))
+REMORA_PIN(int, pthread_key_create, REMORA_GLIBC_FIRST, (pthread_key_t * key, void (*dtor)(void*)),
+           (key, dtor))
+REMORA_PIN(int, pthread_mutex_trylock, REMORA_GLIBC_FIRST, (pthread_mutex_t * m), (m))
+REMORA_PIN(int, pthread_setname_np, REMORA_GLIBC_SETNAME, (pthread_t t, const char* name), (t, name))
+REMORA_PIN(int, pthread_attr_setstacksize, REMORA_GLIBC_FIRST, (pthread_attr_t * a, size_t size), (a, size))
+REMORA_PIN(int, pthread_attr_setstack, REMORA_GLIBC_FIRST, (pthread_attr_t * a, void* stack, size_t size),
            (a, stack, size))
-REMORA_PIN(int, pthread_mutexattr_init, "GLIBC_2.2.5", (pthread_mutexattr_t * a), (a))
-REMORA_PIN(int, pthread_mutexattr_destroy, "GLIBC_2.2.5", (pthread_mutexattr_t * a), (a))
-REMORA_PIN(int, pthread_mutexattr_settype, "GLIBC_2.2.5", (pthread_mutexattr_t * a, int type), (a, type))
-REMORA_PIN(int, pthread_sigmask, "GLIBC_2.2.5", (int how, const sigset_t* set, sigset_t* old),
+REMORA_PIN(int, pthread_mutexattr_init, REMORA_GLIBC_FIRST, (pthread_mutexattr_t * a), (a))
+REMORA_PIN(int, pthread_mutexattr_destroy, REMORA_GLIBC_FIRST, (pthread_mutexattr_t * a), (a))
+REMORA_PIN(int, pthread_mutexattr_settype, REMORA_GLIBC_FIRST, (pthread_mutexattr_t * a, int type), (a, type))
+REMORA_PIN(int, pthread_sigmask, REMORA_GLIBC_FIRST, (int how, const sigset_t* set, sigset_t* old),
            (how, set, old))
 // dlopen, dlsym and dlvsym look at their caller's address (RTLD_NEXT, the
 // namespace to load into): the caller here is still inside the same library.
-REMORA_PIN(void*, dlopen, "GLIBC_2.2.5", (const char* file, int mode), (file, mode))
-REMORA_PIN(void*, dlsym, "GLIBC_2.2.5", (void* restrict h, const char* restrict name), (h, name))
-REMORA_PIN(void*, dlvsym, "GLIBC_2.2.5",
+REMORA_PIN(void*, dlopen, REMORA_GLIBC_FIRST, (const char* file, int mode), (file, mode))
+REMORA_PIN(void*, dlsym, REMORA_GLIBC_FIRST, (void* restrict h, const char* restrict name), (h, name))
+REMORA_PIN(void*, dlvsym, REMORA_GLIBC_FIRST,
            (void* restrict h, const char* restrict name, const char* restrict v), (h, name, v))
-REMORA_PIN(int, dladdr, "GLIBC_2.2.5", (const void* addr, Dl_info* info), (addr, info))
-REMORA_PIN(int, dladdr1, "GLIBC_2.3.3", (const void* addr, Dl_info* info, void** extra, int flags),
+REMORA_PIN(int, dladdr, REMORA_GLIBC_FIRST, (const void* addr, Dl_info* info), (addr, info))
+REMORA_PIN(int, dladdr1, REMORA_GLIBC_DLADDR1, (const void* addr, Dl_info* info, void** extra, int flags),
            (addr, info, extra, flags))
-REMORA_PIN(int, dlclose, "GLIBC_2.2.5", (void* h), (h))
-REMORA_PIN(char*, dlerror, "GLIBC_2.2.5", (void), ())
+REMORA_PIN(int, dlclose, REMORA_GLIBC_FIRST, (void* h), (h))
+REMORA_PIN(char*, dlerror, REMORA_GLIBC_FIRST, (void), ())
 
 // libstdc++'s thread detection takes the address of __pthread_key_create
 // (a weak reference): non-null here, as it is in any process of glibc >= 2.34.
@@ -69,16 +77,17 @@ REMORA_HIDDEN int __pthread_key_create(pthread_key_t* key, void (*dtor)(void*)) 
 }
 
 // stat and fstat became functions in glibc 2.33; before, <sys/stat.h> inlined
-// them as __xstat/__fxstat, which glibc still exports. Version 1 is
-// _STAT_VER_LINUX, the layout of struct stat on this architecture.
+// them as __xstat/__fxstat, which glibc still exports. REMORA_STAT_VER names
+// the layout of struct stat on this architecture (_STAT_VER_LINUX, 1, on
+// x86_64; _STAT_VER_KERNEL, 0, on aarch64, whose __xstat refuses any other).
 extern int remora_glibc___xstat(int ver, const char* path, struct stat* buf);
 extern int remora_glibc___fxstat(int ver, int fd, struct stat* buf);
-__asm__(".symver remora_glibc___xstat, __xstat@GLIBC_2.2.5");
-__asm__(".symver remora_glibc___fxstat, __fxstat@GLIBC_2.2.5");
+__asm__(".symver remora_glibc___xstat, __xstat@" REMORA_GLIBC_FIRST);
+__asm__(".symver remora_glibc___fxstat, __fxstat@" REMORA_GLIBC_FIRST);
 REMORA_HIDDEN int stat(const char* restrict path, struct stat* restrict buf) {
-  return remora_glibc___xstat(1, path, buf);
+  return remora_glibc___xstat(REMORA_STAT_VER, path, buf);
 }
-REMORA_HIDDEN int fstat(int fd, struct stat* buf) { return remora_glibc___fxstat(1, fd, buf); }
+REMORA_HIDDEN int fstat(int fd, struct stat* buf) { return remora_glibc___fxstat(REMORA_STAT_VER, fd, buf); }
 
 // glibc 2.32 sets __libc_single_threaded while a process has one thread, and
 // libstdc++ then skips atomic reference counts. Ours stays 0: always atomic,

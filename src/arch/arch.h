@@ -9,16 +9,24 @@
 // called from any thread.
 #pragma once
 
+#include <signal.h>
+
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "arch/aarch64.h"
 #include "arch/x86_64.h"
 
 #if defined(__x86_64__)
 #include <elf.h>
 #include <linux/audit.h>
 #include <sys/user.h>
+#elif defined(__aarch64__)
+#include <asm/ptrace.h>
+#include <elf.h>
+#include <linux/audit.h>
 #endif
 
 namespace remora::arch {
@@ -53,9 +61,14 @@ inline uint64_t return_value(const HostRegs& r) { return r.rax; }
 inline long syscall_nr(const HostRegs& r) { return static_cast<long>(r.orig_rax); }
 inline void set_syscall_nr(HostRegs& r, long nr) { r.orig_rax = static_cast<uint64_t>(nr); }
 
-// The software breakpoint instruction (int3).
-inline constexpr std::byte kBreakpoint{0xCC};
+// The software breakpoint instruction (int3): callers write and restore
+// kBreakpointLen bytes, the same on every architecture.
 inline constexpr size_t kBreakpointLen = 1;
+inline constexpr std::array<std::byte, kBreakpointLen> kBreakpointBytes = {std::byte{0xCC}};
+// The si_code of the SIGTRAP the breakpoint raises: int3 is a trap the
+// kernel sends as SI_KERNEL; a single-step (TRAP_TRACE) or a SIGTRAP sent
+// with kill has another.
+inline constexpr int kBreakpointTrapCode = SI_KERNEL;
 // x86_64 reports a breakpoint trap with the pc *after* the instruction: the
 // address of the breakpoint that a thread stopping at `pc` hit.
 inline uint64_t breakpoint_address(uint64_t trap_pc) { return trap_pc - kBreakpointLen; }
@@ -81,9 +94,69 @@ inline void set_call(HostRegs& r, uint64_t fn, std::span<const uint64_t> args) {
 inline uint64_t call_sp(uint64_t sp) {
   return ((sp - 2 * x86_64::kRedZone) & ~(x86_64::kStackAlign - 1)) - 8;
 }
+// x86_64 returns through the stack: the caller stores the return address
+// at call_sp; there is no link register to set.
+inline constexpr bool kReturnAddressInRegister = false;
+inline void set_return_address(HostRegs&, uint64_t) {}
+
+#elif defined(__aarch64__)
+
+// The register set ptrace reads and writes on this host: NT_PRSTATUS (struct
+// user_pt_regs) and, in the same call of ptrace::get_regs/set_regs, the
+// system call number (NT_ARM_SYSTEM_CALL): aarch64 keeps it outside the
+// general registers, and setting it to -1 at a syscall-entry stop skips the
+// call, as orig_rax = -1 does on x86_64.
+using HostRegs = aarch64::Regs;
+static_assert(sizeof(user_pt_regs) == aarch64::kUserPtRegsSize,
+              "arch::aarch64::Regs must begin with user_pt_regs");
+
+// The FP/SIMD state is several register sets on aarch64 (NT_PRFPREG, NT_ARM_SVE,
+// NT_ARM_TLS and, with SME, NT_ARM_SSVE, NT_ARM_ZA, NT_ARM_ZT): ptrace's
+// get_xstate packs those the thread has into one buffer whose layout
+// aarch64_state.h defines, and set_xstate writes them back in the order that
+// restores each exactly.
+inline constexpr uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
+
+inline uint64_t pc(const HostRegs& r) { return r.pc; }
+inline void set_pc(HostRegs& r, uint64_t v) { r.pc = v; }
+inline uint64_t sp(const HostRegs& r) { return r.sp; }
+inline void set_sp(HostRegs& r, uint64_t v) { r.sp = v; }
+inline uint64_t return_value(const HostRegs& r) { return r.x[0]; }
+
+inline long syscall_nr(const HostRegs& r) { return static_cast<long>(r.syscallno); }
+inline void set_syscall_nr(HostRegs& r, long nr) { r.syscallno = nr; }
+
+// The software breakpoint instruction, brk #0 (0xd4200000, little-endian
+// bytes). aarch64 reports the trap with the pc *at* the instruction.
+inline constexpr size_t kBreakpointLen = 4;
+inline constexpr std::array<std::byte, kBreakpointLen> kBreakpointBytes = {std::byte{0x00}, std::byte{0x00},
+                                                                           std::byte{0x20}, std::byte{0xd4}};
+// The si_code of the SIGTRAP the breakpoint raises: a user brk is sent as
+// TRAP_BRKPT (arch/arm64/kernel/debug-monitors.c); a single-step is
+// TRAP_TRACE, a SIGTRAP sent with kill SI_USER.
+inline constexpr int kBreakpointTrapCode = TRAP_BRKPT;
+inline uint64_t breakpoint_address(uint64_t trap_pc) { return trap_pc; }
+
+// ---- injected function calls (AAPCS64) ----
+inline constexpr size_t kMaxCallArgs = 8;
+// Sets up `r` to enter `fn` with `args` and return to `return_to` (the link
+// register: aarch64 returns through x30, not the stack). PSTATE.BTYPE is
+// cleared so that a BTI landing pad check at `fn` sees a plain branch.
+inline void set_call(HostRegs& r, uint64_t fn, std::span<const uint64_t> args) {
+  for (size_t i = 0; i < args.size() && i < kMaxCallArgs; ++i) r.x[i] = args[i];
+  r.pc = fn;
+  r.pstate &= ~aarch64::kPstateBtypeMask;
+  set_syscall_nr(r, -1);
+}
+inline void set_return_address(HostRegs& r, uint64_t return_to) { r.x[30] = return_to; }
+// No red zone; sp 16-byte aligned at every call.
+inline uint64_t call_sp(uint64_t sp) { return (sp - 256) & ~(aarch64::kStackAlign - 1); }
+// Whether the return address is passed in a register (set_return_address)
+// rather than stored at call_sp (x86_64).
+inline constexpr bool kReturnAddressInRegister = true;
 
 #else
-#error "Remora's architecture interface supports x86_64 hosts only for now"
+#error "Remora's architecture interface supports x86_64 and aarch64 hosts only"
 #endif
 
 }  // namespace remora::arch

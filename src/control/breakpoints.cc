@@ -12,10 +12,9 @@ Result<void> Process::Impl::insert_bps() {
   if (vfork_child_running || shares_parent_mm) return ok();
   for (uint64_t a : bp_addrs) {
     if (inserted.count(a) != 0) continue;
-    std::byte orig{};
-    REMORA_TRY_CTX(mem->read(a, std::span(&orig, 1)), "insert breakpoint");
-    const std::byte insn = arch::kBreakpoint;
-    REMORA_TRY_CTX(mem->write(a, std::span(&insn, arch::kBreakpointLen)), "insert breakpoint");
+    InsnBytes orig{};
+    REMORA_TRY_CTX(mem->read(a, orig), "insert breakpoint");
+    REMORA_TRY_CTX(mem->write(a, arch::kBreakpointBytes), "insert breakpoint");
     inserted[a] = orig;
   }
   return ok();
@@ -24,15 +23,16 @@ Result<void> Process::Impl::insert_bps() {
 void Process::Impl::remove_bps(bool write_memory) {
   last_removed = inserted;
   if (write_memory && mem)
-    for (auto& [a, orig] : inserted) (void)mem->write(a, std::span(&orig, 1));
+    for (auto& [a, orig] : inserted) (void)mem->write(a, orig);
   inserted.clear();
 }
 
 std::optional<uint64_t> Process::Impl::hit_breakpoint(pid_t tid) {
-  // Only a trap the kernel raised for an int3 (SI_KERNEL): a SIGTRAP sent
-  // with kill, or a single-step, is not ours.
+  // Only a trap the kernel raised for a breakpoint instruction (SI_KERNEL
+  // for int3, TRAP_BRKPT for brk): a SIGTRAP sent with kill, or a
+  // single-step, is not ours.
   auto si = ptrace::get_siginfo(tid);
-  if (!si || si->si_code != SI_KERNEL) return std::nullopt;
+  if (!si || si->si_code != arch::kBreakpointTrapCode) return std::nullopt;
   auto regs = ptrace::get_regs(tid);
   if (!regs) return std::nullopt;
   const uint64_t at = arch::breakpoint_address(arch::pc(*regs));

@@ -1,8 +1,10 @@
 // Process::call: run a function of the target on one stopped thread while
 // every other thread stays stopped. The return address is a temporary
 // breakpoint at the program's entry point (AT_ENTRY runs once at start-up and
-// never again); the thread's registers, extended state and signal mask are
-// saved first and restored on every way out.
+// never again), passed as the architecture's calling convention wants it: on
+// the stack (x86_64) or in the link register (aarch64's x30); the thread's
+// registers, extended state and signal mask are saved first and restored on
+// every way out.
 #include <signal.h>
 
 #include <cstring>
@@ -24,9 +26,8 @@ class SavedCallState {
     s.regs_ = REMORA_TRY(ptrace::get_regs(tid));
     s.xstate_ = REMORA_TRY(ptrace::get_xstate(tid));
     s.mask_ = REMORA_TRY(ptrace::get_sigmask(tid));
-    REMORA_TRY(mem.read(ret_addr, std::span(&s.orig_, 1)));
-    const std::byte insn = arch::kBreakpoint;
-    REMORA_TRY(mem.write(ret_addr, std::span(&insn, arch::kBreakpointLen)));
+    REMORA_TRY(mem.read(ret_addr, s.orig_));
+    REMORA_TRY(mem.write(ret_addr, arch::kBreakpointBytes));
     s.armed_ = true;
     return s;
   }
@@ -43,7 +44,7 @@ class SavedCallState {
   SavedCallState& operator=(SavedCallState&&) = delete;
   ~SavedCallState() {
     if (!armed_) return;
-    (void)mem_.write(ret_addr_, std::span(&orig_, 1));
+    (void)mem_.write(ret_addr_, orig_);
     if (!thread_stopped) return;  // it cannot be written to; the caller says why
     (void)ptrace::set_xstate(tid_, xstate_);
     (void)ptrace::set_sigmask(tid_, mask_);
@@ -63,7 +64,7 @@ class SavedCallState {
   arch::HostRegs regs_{};
   std::vector<std::byte> xstate_;
   uint64_t mask_ = 0;
-  std::byte orig_{};
+  InsnBytes orig_{};
   bool armed_ = false;
 };
 
@@ -86,8 +87,9 @@ Result<uint64_t> Process::call(RemoteAddr fn, std::span<const uint64_t> args, pi
   auto regs = saved.regs();
   const uint64_t sp = arch::call_sp(arch::sp(regs));
   const uint64_t ret = p.at_entry;
-  REMORA_TRY(p.mem->write(sp, std::as_bytes(std::span(&ret, 1))));
+  if (!arch::kReturnAddressInRegister) REMORA_TRY(p.mem->write(sp, std::as_bytes(std::span(&ret, 1))));
   arch::set_call(regs, fn.addr(), args);
+  arch::set_return_address(regs, ret);
   arch::set_sp(regs, sp);
   (void)ptrace::set_sigmask(tid, ~uint64_t{0});
   (void)ptrace::set_regs(tid, regs);

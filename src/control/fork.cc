@@ -32,7 +32,7 @@ Result<Event> Process::Impl::handle_fork(const Raw& r, bool want_child) {
     first_sig = w.stop.sig;
   if (!e.vfork && !last_removed.empty()) {
     if (auto cm = remote::Memory::open(c)) {
-      for (auto& [a, orig] : last_removed) (void)cm->write(a, std::span(&orig, 1));
+      for (auto& [a, orig] : last_removed) (void)cm->write(a, orig);
     }
   }
   if (!want_child) {

@@ -167,19 +167,20 @@ class Process {
   // basename prefix; empty: main program then every library).
   Result<RemoteAddr> find_symbol(std::string_view library, std::string_view symbol);
 
-  // Calls `fn(args...)` (up to six integers) on thread `tid` (0: the first
-  // thread) while every other thread stays stopped, and returns its integer
-  // return value. The thread's registers, FP/SIMD state and signal mask are
-  // restored afterwards; signals are blocked on it during the call (they stay
-  // pending), and a signal sent to it meanwhile is delivered later, not
-  // taken for a fault (Errc::kFault only for one the code raised). The return
-  // address is a temporary int3 at the program's entry point (AT_ENTRY, which
-  // runs once at start-up and never again), removed afterwards. Because the
-  // other threads are stopped, `fn` must not wait for them (a lock one of them
-  // holds deadlocks the call until `timeout`, after which the thread is
-  // restored and Errc::kTimedOut returned; the function's side effects up to
-  // then stay). At the launch stop every object is relocated but no
-  // constructor has run: call only functions that need none.
+  // Calls `fn(args...)` (up to arch::kMaxCallArgs integers: six on x86_64,
+  // eight on aarch64) on thread `tid` (0: the first thread) while every other
+  // thread stays stopped, and returns its integer return value. The thread's
+  // registers, FP/SIMD state and signal mask are restored afterwards; signals
+  // are blocked on it during the call (they stay pending), and a signal sent
+  // to it meanwhile is delivered later, not taken for a fault (Errc::kFault
+  // only for one the code raised). The return address is a temporary
+  // breakpoint at the program's entry point (AT_ENTRY, which runs once at
+  // start-up and never again), removed afterwards. Because the other threads
+  // are stopped, `fn` must not wait for them (a lock one of them holds
+  // deadlocks the call until `timeout`, after which the thread is restored
+  // and Errc::kTimedOut returned; the function's side effects up to then
+  // stay). At the launch stop every object is relocated but no constructor
+  // has run: call only functions that need none.
   Result<uint64_t> call(RemoteAddr fn, std::span<const uint64_t> args, pid_t tid = 0,
                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 

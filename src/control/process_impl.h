@@ -33,6 +33,7 @@
 #include <sys/ptrace.h>
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -42,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "arch/arch.h"
 #include "base/deadline.h"
 #include "base/result.h"
 #include "base/unique_fd.h"
@@ -58,6 +60,10 @@ inline constexpr auto kStopAllTimeout = std::chrono::seconds(10);
 inline constexpr int kRtConsistent = 0;  // enum r_state in <link.h>
 
 inline std::string pid_str(pid_t p) { return std::to_string(p); }
+
+// The bytes a breakpoint replaces: one instruction's worth on aarch64 (4),
+// int3's one on x86_64.
+using InsnBytes = std::array<std::byte, arch::kBreakpointLen>;
 
 // The thread exited or was killed (as opposed to stopped).
 inline bool ended(const ptrace::Stop& s) {
@@ -108,8 +114,8 @@ struct Process::Impl {
 
   // Breakpoints: where to put them on the next resume, and those in memory.
   std::set<uint64_t> bp_addrs;
-  std::map<uint64_t, std::byte> inserted;
-  std::map<uint64_t, std::byte> last_removed;  // for stripping a fork child
+  std::map<uint64_t, InsnBytes> inserted;
+  std::map<uint64_t, InsnBytes> last_removed;  // for stripping a fork child
   // A vforked child shares our memory and runs free: no breakpoint until it
   // has exec'd or exited (PTRACE_EVENT_VFORK_DONE).
   bool vfork_child_running = false;
@@ -121,7 +127,7 @@ struct Process::Impl {
 
   // ---- breakpoints (breakpoints.cc) ----
   Result<void> insert_bps();
-  // Restores every breakpoint's byte; `write_memory` false after an exec (the
+  // Restores every breakpoint's bytes; `write_memory` false after an exec (the
   // memory they were in is gone) or when the process is gone.
   void remove_bps(bool write_memory = true);
   // Single-steps every stopped thread that stands on a breakpoint address

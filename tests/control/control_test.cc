@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "arch/arch.h"
 #include "control/process.h"
 #include "ptrace/ptrace.h"
 #include "remote/target.h"
@@ -474,6 +475,37 @@ TEST_F(ControlTest, RemoteCallAtTheLaunchStop) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+// Every argument register Process::call fills (six on x86_64, eight on
+// aarch64), in order; one argument more is refused before anything runs.
+TEST_F(ControlTest, RemoteCallPassesEveryArgumentRegister) {
+  auto p = Process::launch(opts({"exit", "0"}));
+  ASSERT_TRUE(p.ok());
+  auto fn = (*p)->find_symbol("", "ctl_weighted_args");
+  ASSERT_TRUE(fn.ok()) << fn.error().to_string();
+  const size_t n = arch::kMaxCallArgs;
+  std::vector<uint64_t> args = {n};
+  long want = 0;
+  for (size_t i = 1; i < n; ++i) {
+    args.push_back(1000 * i + 7);
+    want += static_cast<long>(i * (1000 * i + 7));
+  }
+  auto r = (*p)->call(*fn, args);
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  EXPECT_EQ(static_cast<long>(*r), want) << n << " arguments";
+  args.push_back(1);
+  auto refused = (*p)->call(*fn, args);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), Errc::kInvalidArgument);
+  // The thread is as it was: a second call returns the same, and the
+  // program still runs to its exit.
+  args.pop_back();
+  r = (*p)->call(*fn, args);
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  EXPECT_EQ(static_cast<long>(*r), want);
+  int st = run_to_exit(**p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 // ---- errors ----
 
 TEST_F(ControlTest, ErrorOwnProcess) {
@@ -514,13 +546,24 @@ TEST_F(ControlTest, ErrorFileNotFound) {
   EXPECT_EQ(p.error().sys_errno(), ENOENT);
 }
 
+// A bare name is looked up in $PATH. The program is ctl_prog, found through
+// a PATH that starts with its directory: a system `true` may be a static
+// binary (busybox in the aarch64 guest), which launch refuses.
 TEST_F(ControlTest, PathSearch) {
-  LaunchOptions o;
-  o.argv = {"true"};
+  const fs::path prog(CTL_PROG);
+  const char* old = ::getenv("PATH");
+  const std::string saved = old != nullptr ? old : "";
+  ASSERT_EQ(::setenv("PATH", (prog.parent_path().string() + ":" + saved).c_str(), 1), 0);
+  LaunchOptions o = opts({"exit", "3"});
+  o.argv[0] = prog.filename().string();
   auto p = Process::launch(o);
+  if (old != nullptr)
+    ::setenv("PATH", saved.c_str(), 1);
+  else
+    ::unsetenv("PATH");
   ASSERT_TRUE(p.ok()) << p.error().to_string();
   int st = run_to_exit(**p);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << "status " << st << ": not ctl_prog's exit 3";
 }
 
 TEST_F(ControlTest, ErrorSetuidLaunchRefused) {

@@ -62,6 +62,18 @@ static bool has_marker(const char* name) {
   snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", name);
   return access(path, F_OK) == 0;
 }
+// Process::call's argument passing, in order: a0 is the number of arguments
+// the caller passed (at most 8); returns the sum of i * a_i over the others,
+// so that any argument missing, swapped or shifted changes the result.
+extern "C" __attribute__((used, noinline, visibility("default"))) long ctl_weighted_args(long n, long a1,
+                                                                                         long a2, long a3,
+                                                                                         long a4, long a5,
+                                                                                         long a6, long a7) {
+  const long a[] = {n, a1, a2, a3, a4, a5, a6, a7};
+  long sum = 0;
+  for (long i = 1; i < n && i < 8; ++i) sum += i * a[i];
+  return sum;
+}
 extern "C" __attribute__((used, noinline, visibility("default"))) long ctl_signal_window(void) {
   struct sigaction sa {};
   sa.sa_handler = on_segv;

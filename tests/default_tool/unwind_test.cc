@@ -61,7 +61,7 @@ TEST(DefaultToolMaps, ParsesTheKernelsLines) {
 }
 
 // A JIT-like stack without CFI: code in an executable anonymous mapping,
-// frames linked by rbp inside the copy.
+// frames linked by the frame pointer inside the copy.
 TEST(DefaultToolUnwind, FramePointerStepsStayInsideTheCopy) {
   MapsSnapshot snap;
   Mapping jit;
@@ -71,14 +71,14 @@ TEST(DefaultToolUnwind, FramePointerStepsStayInsideTheCopy) {
   snap.assign({jit});
   auto rec = std::make_unique<SampleRec>();
   const uint64_t sp = 0x7000000;
-  rec->regs[kRegRip] = 0x10010;
-  rec->regs[kRegRsp] = sp;
-  rec->regs[kRegRbp] = sp + 64;
+  rec->regs[kRegPc] = 0x10010;
+  rec->regs[kRegSp] = sp;
+  rec->regs[kRegFp] = sp + 64;
   rec->stack_len = 256;
   auto put = [&](uint64_t off, uint64_t v) { memcpy(rec->stack + off, &v, 8); };
-  put(64, sp + 128);   // saved rbp
+  put(64, sp + 128);   // saved frame pointer
   put(72, 0x10020);    // return address
-  put(128, sp + 512);  // saved rbp: outside the copy
+  put(128, sp + 512);  // saved frame pointer: outside the copy
   put(136, 0x10030);
   Unwinder u;
   uint64_t pcs[kMaxFrames];
@@ -97,10 +97,10 @@ TEST(DefaultToolUnwind, FramePointerStepsStayInsideTheCopy) {
   put(72, 0x4141414141414141ull);
   n = u.unwind(*rec, snap, pcs, kMaxFrames);
   EXPECT_EQ(n, 1u);
-  // rbp below sp, or beyond the copy: no step.
-  rec->regs[kRegRbp] = sp - 16;
+  // A frame pointer below sp, or beyond the copy: no step.
+  rec->regs[kRegFp] = sp - 16;
   EXPECT_EQ(u.unwind(*rec, snap, pcs, kMaxFrames), 1u);
-  rec->regs[kRegRbp] = sp + 250;
+  rec->regs[kRegFp] = sp + 250;
   EXPECT_EQ(u.unwind(*rec, snap, pcs, kMaxFrames), 1u);
 }
 
@@ -112,19 +112,13 @@ __attribute__((noinline)) uint32_t capture_and_unwind(Unwinder& u, const MapsSna
   auto rec = std::make_unique<SampleRec>();
   ucontext_t uc;
   if (getcontext(&uc) != 0) return 0;
-  const greg_t* g = uc.uc_mcontext.gregs;
-  rec->regs[kRegRip] = static_cast<uint64_t>(g[REG_RIP]);
-  rec->regs[kRegRsp] = static_cast<uint64_t>(g[REG_RSP]);
-  rec->regs[kRegRbp] = static_cast<uint64_t>(g[REG_RBP]);
-  rec->regs[kRegRbx] = static_cast<uint64_t>(g[REG_RBX]);
-  rec->regs[kRegR12] = static_cast<uint64_t>(g[REG_R12]);
-  rec->regs[kRegR13] = static_cast<uint64_t>(g[REG_R13]);
-  rec->regs[kRegR14] = static_cast<uint64_t>(g[REG_R14]);
-  rec->regs[kRegR15] = static_cast<uint64_t>(g[REG_R15]);
+  // getcontext's registers are those at its return (the pc its return
+  // address), as consistent a set as a signal's ucontext.
+  remora::arch::sample_regs_from_ucontext(&uc, rec->regs);
   uint64_t lo = 0, hi = 0;
-  if (!snap.stack_bounds(rec->regs[kRegRsp], &lo, &hi)) return 0;
-  uint64_t want = std::min<uint64_t>(hi - rec->regs[kRegRsp], kStackCopyBytes);
-  rec->stack_len = static_cast<uint32_t>(own_memory_read(rec->stack, rec->regs[kRegRsp], want));
+  if (!snap.stack_bounds(rec->regs[kRegSp], &lo, &hi)) return 0;
+  uint64_t want = std::min<uint64_t>(hi - rec->regs[kRegSp], kStackCopyBytes);
+  rec->stack_len = static_cast<uint32_t>(own_memory_read(rec->stack, rec->regs[kRegSp], want));
   return u.unwind(*rec, snap, pcs, kMaxFrames);
 }
 

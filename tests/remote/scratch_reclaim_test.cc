@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -110,7 +111,13 @@ TEST_F(ScratchReclaim, DeadControllersScratchIsRemovedOnOpen) {
 
   // A live controller with a scratch of its own, open throughout.
   auto live = open_target(pid);
+  const auto warm_start = std::chrono::steady_clock::now();
   auto warm = live->call_symbol("", "remora_probe", probe_args(1, 2));
+  // A first call (the scratch's creation included) takes about 0.2 ms on
+  // real hardware and 30-60 ms under an emulator (the aarch64 guest): the
+  // kills must spread over the time a caller needs to get that far.
+  const auto first_call = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - warm_start);
   ASSERT_TRUE(warm.ok()) << describe(warm.error());
   ASSERT_TRUE(live->scratch_address().has_value());
   const uint64_t live_scratch = *live->scratch_address();
@@ -122,7 +129,7 @@ TEST_F(ScratchReclaim, DeadControllersScratchIsRemovedOnOpen) {
         << "caller " << i;
   }
   std::mt19937 rng(static_cast<unsigned>(pid));
-  std::uniform_int_distribution<int> delay_us(0, 5000);
+  std::uniform_int_distribution<int> delay_us(0, std::max(5000, static_cast<int>(4 * first_call.count())));
   for (int i = 0; i < kills; ++i) {
     auto& c = *callers[static_cast<size_t>(i)];
     c.send("go");

@@ -6,10 +6,11 @@
 // of SIGSEGV. Now the work is split the way perf's dwarf mode splits it:
 //
 // 1. The handler (on the sampled thread) captures: the interrupted registers
-//    an unwinder needs (rip, the CFA bases rsp and rbp, the callee-saved rbx
-//    and r12-r15), taken from the ucontext the kernel wrote, and a copy of at
-//    most kStackCopyBytes of stack from the interrupted sp upwards, into the
-//    thread's sample ring. It dereferences nothing but the siginfo, the
+//    an unwinder needs (the pc, the CFA bases sp and the frame pointer, the
+//    callee-saved registers and, on aarch64, the link register; see
+//    arch/sample_regs.h), taken from the ucontext the kernel wrote, and a
+//    copy of at most kStackCopyBytes of stack from the interrupted sp
+//    upwards, into the thread's sample ring. It dereferences nothing but the siginfo, the
 //    ucontext and its own slot: the copy is made by a system call
 //    (own_memory.h) that returns an error where memory is not mapped, so a
 //    stale bound, a stack freed under us or an sp pointing anywhere cannot
@@ -66,16 +67,8 @@ clockid_t thread_cpu_clock(int32_t tid) {
 }
 
 void capture(SampleRec& r, const Slot& s, const ucontext_t* uc) {
-  const greg_t* g = uc->uc_mcontext.gregs;
-  r.regs[kRegRip] = static_cast<uint64_t>(g[REG_RIP]);
-  r.regs[kRegRsp] = static_cast<uint64_t>(g[REG_RSP]);
-  r.regs[kRegRbp] = static_cast<uint64_t>(g[REG_RBP]);
-  r.regs[kRegRbx] = static_cast<uint64_t>(g[REG_RBX]);
-  r.regs[kRegR12] = static_cast<uint64_t>(g[REG_R12]);
-  r.regs[kRegR13] = static_cast<uint64_t>(g[REG_R13]);
-  r.regs[kRegR14] = static_cast<uint64_t>(g[REG_R14]);
-  r.regs[kRegR15] = static_cast<uint64_t>(g[REG_R15]);
-  uint64_t sp = r.regs[kRegRsp];
+  remora::arch::sample_regs_from_ucontext(uc, r.regs);
+  uint64_t sp = r.regs[kRegSp];
   uint64_t hi = s.stack_hi.load(std::memory_order_acquire);
   uint64_t lo = s.stack_lo.load(std::memory_order_acquire);
   uint32_t len = 0;

@@ -3,7 +3,8 @@
 //
 // Everything the recording side touches is async-signal-safe: no malloc, no
 // locks, no dynamic TLS. A thread finds its slot through one initial-exec TLS
-// word (a plain %fs-relative load; glibc zeroes it for every new thread, so a
+// word (a plain load relative to the thread pointer, %fs or tpidr_el0;
+// glibc zeroes it for every new thread, so a
 // reused pthread descriptor never inherits a stale slot), or, in the sampling
 // handler, through the slot index the timer carries in its sigev_value.
 //
@@ -27,6 +28,11 @@
 
 #include <atomic>
 
+// The architecture seam, header-only (no Remora library is linked into the
+// tool). Included by path from here, so that the tool and the tests that
+// compile its sources need no include directory beyond tools/default.
+#include "../../src/arch/sample_regs.h"
+
 namespace remora_tool {
 
 constexpr uint32_t kMaxThreads = 4096;  // slots per session (hash table size)
@@ -41,26 +47,21 @@ constexpr uint32_t kStackCopyBytes = 8192;
 constexpr uint32_t kSampleRingSize = 16;
 constexpr uint32_t kCallRingSize = 8192;  // calls per thread per 100 ms before dropping
 
-// The interrupted registers the collector needs to unwind on x86_64: the PC,
-// the CFA bases (rsp, rbp) and every other callee-saved register.
-enum SampleReg : uint32_t {
-  kRegRip,
-  kRegRsp,
-  kRegRbp,
-  kRegRbx,
-  kRegR12,
-  kRegR13,
-  kRegR14,
-  kRegR15,
-  kNumRegs
-};
+// The interrupted registers the collector needs to unwind: the pc, the CFA
+// bases (sp, the frame pointer) and every other register a CFI rule may
+// restore a caller's value from (arch/sample_regs.h says which, per
+// architecture, and captures them from the signal's ucontext).
+constexpr uint32_t kRegPc = remora::arch::kSamplePc;
+constexpr uint32_t kRegSp = remora::arch::kSampleSp;
+constexpr uint32_t kRegFp = remora::arch::kSampleFp;
+constexpr uint32_t kNumRegs = remora::arch::kNumSampleRegs;
 
 // One sample as the handler captured it: raw, unwound later by the collector
 // (unwind.h), never in the signal handler.
 struct SampleRec {
   uint64_t ts_ns;             // CLOCK_MONOTONIC
   uint32_t weight;            // 1 + timer overruns
-  uint32_t stack_len;         // bytes valid in stack[], copied from regs[kRegRsp]
+  uint32_t stack_len;         // bytes valid in stack[], copied from regs[kRegSp]
   std::atomic<uint64_t> seq;  // position + 1 once committed
   uint64_t regs[kNumRegs];
   alignas(16) unsigned char stack[kStackCopyBytes];

@@ -299,7 +299,7 @@ void note_slow_call(Profile& p, const CallEvent& c) {
 // samples there are copied; a thread that moves between stacks (a fiber, an
 // alternate signal stack) loses the copy of one sample per move.
 void relearn_stack(Tool& t, Slot& s, int32_t tid, const SampleRec& r) {
-  uint64_t sp = r.regs[kRegRsp];
+  uint64_t sp = r.regs[kRegSp];
   uint64_t lo = s.stack_lo.load(std::memory_order_relaxed), hi = s.stack_hi.load(std::memory_order_relaxed);
   if (r.stack_len == 0 && (hi == 0 || sp < lo || sp >= hi)) learn_stack(t, s, tid, sp);
 }
@@ -377,6 +377,7 @@ void* collector_main(void* arg) {
     // Objects loaded by dlopen while attached get their slots patched too.
     if (t.cfg.tracing && t.tracer.objects_changed())
       t.profile.patched_slots += static_cast<uint32_t>(t.tracer.patch(&t.profile.warnings));
+    if (t.cfg.tracing) (void)t.tracer.heal(now_ns());
   }
   return nullptr;
 }

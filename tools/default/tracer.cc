@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "../../src/arch/relocs.h"  // header-only, by path: see slots.h
 #include "slots.h"
 #include "wrappers.h"
 
@@ -101,8 +102,9 @@ bool store_slot(void** slot, void* expected, void* value, const std::vector<MapR
       return false;
     made_writable = true;
   }
-  // x86_64: an aligned 8-byte compare-and-swap; a thread calling through the
-  // slot concurrently sees either the old or the new target.
+  // An aligned 8-byte compare-and-swap (single-copy atomic on x86_64 and
+  // aarch64): a thread calling through the slot concurrently (a PLT entry's
+  // one load of it) sees either the old or the new target.
   bool ok = __atomic_compare_exchange_n(slot, &expected, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   if (made_writable) mprotect(reinterpret_cast<void*>(page), static_cast<size_t>(getpagesize()), prot);
   return ok;
@@ -226,7 +228,7 @@ void patch_relocs(PatchPass& p, const dl_phdr_info* info, const DynInfo& d, cons
   for (size_t i = 0; i < n; ++i) {
     const ElfW(Rela)* r = reinterpret_cast<const ElfW(Rela)*>(reinterpret_cast<const char*>(rel) + i * ent);
     uint32_t type = ELF64_R_TYPE(r->r_info);
-    if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) continue;
+    if (!remora::arch::is_got_slot_reloc(type)) continue;
     uint32_t symidx = ELF64_R_SYM(r->r_info);
     if (symidx == 0) continue;
     const char* name = d.strtab + d.symtab[symidx].st_name;
@@ -246,6 +248,9 @@ void patch_relocs(PatchPass& p, const dl_phdr_info* info, const DynInfo& d, cons
     }
     void* cur = __atomic_load_n(slot, __ATOMIC_SEQ_CST);
     if (cur == nullptr || cur == wrapper) continue;  // unresolved weak reference, or already ours
+    // A slot lazy binding has not resolved yet points into the object itself:
+    // on x86_64 at its PLT entry's push, on aarch64 at PLT0 (the loader only
+    // adds the bias to every JUMP_SLOT). Patching it skips the resolver.
     bool lazy = in_object(info, reinterpret_cast<uintptr_t>(cur));
     if (!lazy && cur != real) {
       // Bound to another definition (an interposer, a library loaded
@@ -282,6 +287,27 @@ int patch_callback(dl_phdr_info* info, size_t, void* data) {
   std::vector<MapRange> maps;
   if (d.pltrel_is_rela) patch_relocs(p, info, d, d.jmprel, d.jmprel_size, sizeof(ElfW(Rela)), obj, &maps);
   patch_relocs(p, info, d, d.rela, d.rela_size, d.rela_ent, obj, &maps);
+  return 0;
+}
+
+struct HealPass {
+  std::vector<PatchedSlot>* slots;
+  int count = 0;
+};
+
+int heal_callback(dl_phdr_info* info, size_t, void* data) {
+  HealPass& p = *static_cast<HealPass*>(data);
+  std::string obj = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
+  std::vector<MapRange> maps;
+  for (PatchedSlot& s : *p.slots) {
+    if (s.object_base != info->dlpi_addr || s.object != obj) continue;
+    void* real = remora_fn_real[s.fn];
+    // Bound when patched: no resolution of it can have been in flight.
+    if (s.original == real) continue;
+    if (__atomic_load_n(s.slot, __ATOMIC_SEQ_CST) != real) continue;
+    if (maps.empty()) maps = read_maps();
+    if (store_slot(s.slot, real, s.wrapper, maps)) ++p.count;
+  }
   return 0;
 }
 
@@ -341,9 +367,26 @@ int Tracer::patch(std::vector<std::string>* warnings) {
   p.slots = &slots_;
   p.warnings = warnings;
   p.self = self_base();
+  const size_t before = slots_.size();
   if (!p.wanted.empty()) dl_iterate_phdr(patch_callback, &p);
   adds_seen_ = p.adds;
   subs_seen_ = p.subs;
+  for (size_t i = before; i < slots_.size(); ++i)
+    if (slots_[i].original != remora_fn_real[slots_[i].fn]) heal_pending_ = true;
+  if (heal_pending_) heal_until_ns_ = 0;  // the window starts at the next heal()
+  return p.count;
+}
+
+int Tracer::heal(uint64_t now_ns) {
+  if (!heal_pending_ || slots_.empty()) return 0;
+  if (heal_until_ns_ == 0) heal_until_ns_ = now_ns + kHealNs;
+  if (now_ns > heal_until_ns_) {
+    heal_pending_ = false;
+    return 0;
+  }
+  HealPass p;
+  p.slots = &slots_;
+  dl_iterate_phdr(heal_callback, &p);
   return p.count;
 }
 
@@ -370,6 +413,7 @@ int Tracer::restore(std::vector<std::string>* warnings) {
   if (!slots_.empty()) dl_iterate_phdr(restore_callback, &p);
   last_slots_ = slots_;
   slots_.clear();
+  heal_pending_ = false;
   patched_objects_.clear();
   return p.count;
 }

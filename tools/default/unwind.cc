@@ -1,8 +1,10 @@
 #include "unwind.h"
 
 // The generic (remote-capable) libunwind: no UNW_LOCAL_ONLY, so the names
-// are libunwind-x86_64's _Ux86_64_*; its local-only twin (_ULx86_64_*)
-// cannot create an address space with our accessors.
+// are the host architecture's _U<arch>_* (_Ux86_64_*, _Uaarch64_*); its
+// local-only twin (_UL<arch>_*) cannot create an address space with our
+// accessors. Registers are named by libunwind's numbers, which
+// arch/sample_regs.h gives for each sample register.
 #include <errno.h>
 #include <fcntl.h>
 #include <libunwind.h>
@@ -18,6 +20,13 @@
 namespace remora_tool {
 
 namespace {
+
+namespace arch = remora::arch;
+
+// The seam's numbers are libunwind's: its generic names for the pc and the
+// sp must be the registers the seam says.
+static_assert(UNW_REG_IP == arch::kUnwindRegReturnAddress, "arch/sample_regs.h: libunwind's UNW_REG_IP");
+static_assert(UNW_REG_SP == arch::kSampleUnwindRegs[kRegSp], "arch/sample_regs.h: libunwind's UNW_REG_SP");
 
 uint64_t parse_hex(std::string_view& s, bool* ok) {
   uint64_t v = 0;
@@ -101,7 +110,7 @@ bool read_image_word(Ctx& c, uint64_t addr, unw_word_t* val) {
 int access_mem(unw_addr_space_t, unw_word_t addr, unw_word_t* val, int write, void* arg) {
   if (write) return -UNW_EINVAL;
   auto* c = static_cast<Ctx*>(arg);
-  uint64_t base = c->rec->regs[kRegRsp], len = c->rec->stack_len;
+  uint64_t base = c->rec->regs[kRegSp], len = c->rec->stack_len;
   if (addr >= base && addr - base <= len && len - (addr - base) >= sizeof *val) {
     memcpy(val, c->rec->stack + (addr - base), sizeof *val);
     return 0;
@@ -110,18 +119,11 @@ int access_mem(unw_addr_space_t, unw_word_t addr, unw_word_t* val, int write, vo
   return -UNW_EINVAL;
 }
 
+// The sample's index of libunwind's register `reg`, -1 when not captured.
 int reg_index(unw_regnum_t reg) {
-  switch (reg) {
-    case UNW_X86_64_RIP: return kRegRip;
-    case UNW_X86_64_RSP: return kRegRsp;
-    case UNW_X86_64_RBP: return kRegRbp;
-    case UNW_X86_64_RBX: return kRegRbx;
-    case UNW_X86_64_R12: return kRegR12;
-    case UNW_X86_64_R13: return kRegR13;
-    case UNW_X86_64_R14: return kRegR14;
-    case UNW_X86_64_R15: return kRegR15;
-    default: return -1;
-  }
+  for (uint32_t i = 0; i < kNumRegs; ++i)
+    if (arch::kSampleUnwindRegs[i] == reg) return static_cast<int>(i);
+  return -1;
 }
 
 int access_reg(unw_addr_space_t, unw_regnum_t reg, unw_word_t* val, int write, void* arg) {
@@ -253,16 +255,19 @@ namespace {
 // the old one; a garbage frame pointer gives at worst a wrong frame, never a
 // read of live memory, and the increasing sp bounds the number of steps.
 bool frame_pointer_step(Ctx& c, const MapsSnapshot& maps) {
-  uint64_t base = c.rec->regs[kRegRsp], len = c.rec->stack_len;
-  uint64_t fp = c.regs[kRegRbp], sp = c.regs[kRegRsp];
-  if (fp < sp || fp < base || fp - base > len || len - (fp - base) < 16) return false;
+  uint64_t base = c.rec->regs[kRegSp], len = c.rec->stack_len;
+  uint64_t fp = c.regs[kRegFp], sp = c.regs[kRegSp];
+  if (fp < sp || fp < base || fp - base > len || len - (fp - base) < arch::kFrameRecordSize) return false;
   uint64_t saved_fp, ret;
   memcpy(&saved_fp, c.rec->stack + (fp - base), 8);
-  memcpy(&ret, c.rec->stack + (fp - base) + 8, 8);
+  memcpy(&ret, c.rec->stack + (fp - base) + arch::kFrameRecordReturnOffset, 8);
   if (!maps.executable(ret)) return false;
-  c.regs[kRegRip] = ret;
-  c.regs[kRegRsp] = fp + 16;
-  c.regs[kRegRbp] = saved_fp;
+  c.regs[kRegPc] = ret;
+  // Exact on x86_64; on aarch64 the lowest the caller's sp can be, which
+  // keeps the sp increasing (a caller with CFI finds its CFA from its own
+  // frame pointer, as frame-pointer code does).
+  c.regs[kRegSp] = fp + arch::kFrameRecordSize;
+  c.regs[kRegFp] = saved_fp;
   return true;
 }
 
@@ -289,7 +294,7 @@ uint32_t Unwinder::unwind(const SampleRec& rec, const MapsSnapshot& maps, uint64
   Ctx c{&rec, &maps, pages_.get(), {}};
   memcpy(c.regs, rec.regs, sizeof c.regs);
   uint32_t n = 0;
-  pcs[n++] = rec.regs[kRegRip];
+  pcs[n++] = rec.regs[kRegPc];
   auto* as = static_cast<unw_addr_space_t>(as_);
   if (as == nullptr || rec.stack_len == 0) return n;
   bool first_exact = true;  // false once a frame-pointer step gave a return address
@@ -301,22 +306,36 @@ uint32_t Unwinder::unwind(const SampleRec& rec, const MapsSnapshot& maps, uint64
     // The interrupted PC (and the PC a signal frame resumes at) is looked up
     // as it is; a return address at pc - 1, inside the call.
     bool exact_pc = first_exact;
+    // The pc of the frame the cursor stands on, tracked here rather than
+    // read back as UNW_REG_IP: that is the return-address register, which on
+    // aarch64 (x30) holds the pc only after an ordinary step.
+    unw_word_t ip = c.regs[kRegPc];
+    // Steps in a row that left the sp where it was: a frameless leaf whose
+    // return address is in a register (aarch64's x30; its CFA is its sp)
+    // returns to its caller at the same sp. One such step at a time, to a
+    // new pc, keeps the unwind from going round in circles.
+    int same_sp_steps = 0;
     for (;;) {
-      unw_word_t ip = 0, sp = 0, prev_sp = 0;
-      unw_get_reg(&cur, UNW_X86_64_RIP, &ip);
-      unw_get_reg(&cur, UNW_X86_64_RSP, &prev_sp);
+      unw_word_t sp = 0, prev_sp = 0;
+      const unw_word_t prev_ip = ip;
+      unw_get_reg(&cur, UNW_REG_SP, &prev_sp);
       if (!has_cfi(ip - (exact_pc ? 0 : 1), &c)) {
         no_cfi = true;
         break;
       }
       // Out of a signal frame the sp may go down: a handler on an alternate
       // stack placed above the interrupted stack. Every other step must
-      // move up the stack, or the unwind is going round in circles.
+      // move up the stack (or, once, stay: see same_sp_steps), or the
+      // unwind is going round in circles.
       bool signal_frame = unw_is_signal_frame(&cur) > 0;
       exact_pc = signal_frame;
       if (unw_step(&cur) <= 0) break;
-      if (unw_get_reg(&cur, UNW_X86_64_RIP, &ip) < 0 || unw_get_reg(&cur, UNW_X86_64_RSP, &sp) < 0) break;
-      if (ip == 0 || !maps.executable(ip) || (sp <= prev_sp && !signal_frame)) break;
+      const unw_regnum_t pc_reg = signal_frame ? arch::kUnwindRegPc : UNW_REG_IP;
+      if (unw_get_reg(&cur, pc_reg, &ip) < 0 || unw_get_reg(&cur, UNW_REG_SP, &sp) < 0) break;
+      if (ip == 0 || !maps.executable(ip)) break;
+      if (!signal_frame && sp < prev_sp) break;
+      same_sp_steps = sp == prev_sp ? same_sp_steps + 1 : 0;
+      if (!signal_frame && sp == prev_sp && (ip == prev_ip || same_sp_steps > 1)) break;
       pcs[n++] = ip;
       ++cfi_steps_;
       if (n >= max) return n;
@@ -324,15 +343,13 @@ uint32_t Unwinder::unwind(const SampleRec& rec, const MapsSnapshot& maps, uint64
     if (!no_cfi || n >= max) break;
     // The frame the cursor stands on has no CFI: take its registers as CFI
     // restored them, and try the frame-pointer chain once from there.
+    c.regs[kRegPc] = ip;
     unw_word_t v;
-    if (unw_get_reg(&cur, UNW_X86_64_RIP, &v) == 0) c.regs[kRegRip] = v;
-    if (unw_get_reg(&cur, UNW_X86_64_RSP, &v) == 0) c.regs[kRegRsp] = v;
-    static const unw_regnum_t kSaved[] = {UNW_X86_64_RBP, UNW_X86_64_RBX, UNW_X86_64_R12,
-                                          UNW_X86_64_R13, UNW_X86_64_R14, UNW_X86_64_R15};
-    for (unw_regnum_t r : kSaved)
-      if (unw_get_reg(&cur, r, &v) == 0) c.regs[reg_index(r)] = v;
+    if (unw_get_reg(&cur, UNW_REG_SP, &v) == 0) c.regs[kRegSp] = v;
+    for (uint32_t i = kRegFp; i < kNumRegs; ++i)
+      if (unw_get_reg(&cur, arch::kSampleUnwindRegs[i], &v) == 0) c.regs[i] = v;
     if (!frame_pointer_step(c, maps)) break;
-    pcs[n++] = c.regs[kRegRip];
+    pcs[n++] = c.regs[kRegPc];
     ++fp_steps_;
     first_exact = false;
   }
