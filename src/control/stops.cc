@@ -6,6 +6,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include "control/process_impl.h"
 #include "procfs/procfs.h"
 
@@ -114,15 +117,24 @@ std::optional<Raw> Process::Impl::handle_event(pid_t tid, Thread& t, const ptrac
 }
 
 // An exec from a non-leader thread first kills the leader (de_thread), which
-// then stops at PTRACE_EVENT_EXIT like a real exit; the execing thread is
-// meanwhile blocked inside execve. Tell the two apart by that.
+// then stops at PTRACE_EVENT_EXIT like a real exit (status 0); the execing
+// thread is meanwhile inside execve. Tell the two apart by that. A thread
+// still running on its way into de_thread's wait reads as "running" rather
+// than in execve (seen under an emulator, where that window is long): ask
+// again, briefly, until no thread is running.
 bool Process::Impl::another_thread_execs() const {
-  for (auto& [tid, t] : threads) {
-    if (tid == pid) continue;
-    auto sc = procfs::read_syscall(pid, tid);
-    if (sc && !sc->running && (sc->nr == SYS_execve || sc->nr == SYS_execveat)) return true;
+  const Deadline dl = Deadline::after(std::chrono::milliseconds(200));
+  for (;;) {
+    bool running = false;
+    for (auto& [tid, t] : threads) {
+      if (tid == pid) continue;
+      auto sc = procfs::read_syscall(pid, tid);
+      if (sc && !sc->running && (sc->nr == SYS_execve || sc->nr == SYS_execveat)) return true;
+      running |= sc && sc->running;
+    }
+    if (!running || dl.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  return false;
 }
 
 std::optional<Raw> Process::Impl::forget(pid_t tid) {

@@ -17,6 +17,10 @@
 // restarts through restart_syscall) and "hold-ppoll" in ppoll (1 ms; it
 // restarts as an ordinary call, so a remote call restores the thread through
 // its signal frame). x8 and the arguments are the call's, reloaded after it.
+// And "pac", where the CPU has pointer authentication, checks that the
+// thread's keys never change (a pointer signs the same way throughout).
+#include <sys/auxv.h>
+
 #include <cstdint>
 #include <cstdio>
 
@@ -359,6 +363,30 @@ void* hold_blocking(void* arg) {
     b->w->progress++;
   }
 }
+
+// Pointer authentication: Remora never writes a thread's keys, so a pointer
+// signed with the same key and modifier keeps the same signature across
+// every call. pacia1716 (hint #8: x17 signed with modifier x16 under key IA)
+// is a no-op without PAuth; the thread runs only where the CPU has it.
+uint64_t pac_sign(uint64_t ptr, uint64_t modifier) {
+  register uint64_t x17 asm("x17") = ptr;
+  register uint64_t x16 asm("x16") = modifier;
+  asm volatile("hint #8" : "+r"(x17) : "r"(x16));
+  return x17;
+}
+
+void* hold_pac_keys(void* arg) {
+  Worker* w = static_cast<Worker*>(arg);
+  worker_started(w);
+  const uint64_t ptr = 0x0000aaaa12345670ull, modifier = 0x5eed;
+  const uint64_t signed_once = pac_sign(ptr, modifier);
+  if (signed_once == ptr) anomaly("pac: pacia1716 left the pointer unsigned although the CPU has PAuth");
+  for (;;) {
+    for (int i = 0; i < 1000; ++i)
+      if (pac_sign(ptr, modifier) != signed_once) anomaly("pac: the thread's IA key changed");
+    w->progress++;
+  }
+}
 #endif
 
 }  // namespace
@@ -375,6 +403,10 @@ int main() {
   g_blockers[0] = {register_worker("hold-sleep"), 1};
   g_blockers[1] = {register_worker("hold-ppoll"), 2};
   for (Blocker& b : g_blockers) start_thread(hold_blocking, &b);
+  if (getauxval(AT_HWCAP) & HWCAP_PACA)
+    start_thread(hold_pac_keys, register_worker("pac"));
+  else
+    fprintf(stderr, "remora_target_spin: skipped: pac (no PAuth: AT_HWCAP lacks HWCAP_PACA)\n");
 #endif
   return run_protocol();
 }
