@@ -1,26 +1,48 @@
-// remora-bench-attach: what attaching costs, measured in one run.
-//   first attach   into a fresh process (the agent is not loaded yet)
-//   re-attach      attach + detach cycles once the agent is in
-//   tree of 32     attach_tree over a parent with 31 children, fresh processes
-//   in-process     the floor of any injector: a fresh process that loads the
-//                  agent and attaches the tool itself (dlopen, the agent's
-//                  listener thread, the tool's dlopen and hooks), no ptrace;
-//                  alone, and 32 of them, one per CPU at a time
+// remora-bench-attach: what attaching costs, every row of issue 12 part 5
+// measured in one interleaved run (a round takes one sample of each row, so
+// that a change of machine load shifts every row alike):
+//   in-process floor  a fresh process that loads the agent and attaches the
+//                     tool itself (dlopen, the agent's listener thread, the
+//                     tool's dlopen and hooks), no ptrace: no injector can do
+//                     less
+//   first attach      Controller::attach (what remora_attach wraps) into a
+//                     fresh process, the agent not loaded yet:
+//                       idle      its one thread blocked in read(2)
+//                       spinning  plus one thread that spins (on 2 CPUs it
+//                                 holds one of them)
+//                       8 threads the spinner, six threads blocked, main;
+//                     the spinner records the longest gap between two of its
+//                     iterations during the attach: how long the attach kept
+//                     it from running (its "stall"); the same window without
+//                     an attach is the baseline
+//   remora attach     the whole command, fork/exec to exit, on an idle fresh
+//                     process: `-d 1` (attach, lease, the shortest session,
+//                     detach) and `--keep --attach-children=false` (attach and
+//                     exit: what an injector's CLI does); `remora --version`
+//                     is the CLI's start-up alone
+//   re-attach         attach + detach cycles once the agent is in
+//   tree of 32        attach_tree over a parent with 31 children, fresh
+//                     processes, against 32 in-process floors one per CPU
 // Every target and floor process is this program run again in a role
-// ("--hold", "--load"): fresh processes, as services are, that share no
+// ("--target", "--load"): fresh processes, as services are, that share no
 // copy-on-write memory with the bench.
 // The payload is the smallest tool there is (the test hook tool with no log
 // file), so the figures are Remora's own cost.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attach/attach.h"
@@ -40,19 +62,33 @@ double us_since(Clock::time_point t0) {
   std::exit(1);
 }
 
-struct Stats {
-  double median, p99;
-};
-Stats stats(std::vector<double> v) {
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+  return v[v.size() / 2];
+}
+double worst(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// A process (and optionally a tree under it) blocked in read(2) on a pipe;
-// dies with the pipe's write end, i.e. with the bench.
+// Shared (MAP_SHARED memfd) between the bench and a target's spinner: the
+// bench asks for a new window by bumping `window`; the spinner starts it
+// (its longest gap back to 0) and says so in `started`.
+struct SpinShared {
+  std::atomic<uint64_t> window{0}, started{0}, max_gap_ns{0};
+  std::atomic<int> running{0};  // spinners that have started
+};
+
+// A fresh process (and optionally a tree under it) whose threads block in
+// read(2) on a pipe, dying with the pipe's write end, i.e. with the bench.
 struct Tree {
   pid_t root = -1;
   int ready_fd = -1, hold_fd = -1;
+  SpinShared* spin = nullptr;
   ~Tree() {
     if (root > 0) {
       kill(-root, SIGKILL);
@@ -61,12 +97,22 @@ struct Tree {
     }
     if (hold_fd >= 0) close(hold_fd);
     if (ready_fd >= 0) close(ready_fd);
+    if (spin) munmap(spin, sizeof *spin);
   }
+  // Starts a new spinner window; true once the spinner started it (it runs
+  // on a CPU of its own: a few microseconds, 2 s at most).
+  bool open_window() const {
+    const uint64_t w = spin->window.fetch_add(1) + 1;
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (spin->started.load() != w)
+      if (Clock::now() > deadline) return false;
+    return true;
+  }
+  double stall_us() const { return static_cast<double>(spin->max_gap_ns.load()) / 1000; }
 };
 
-// Targets are fresh programs, as services are: each process of a tree is
-// this executable run again in its "--hold" role (see hold_main), so no
-// target shares copy-on-write memory with the bench.
+// Targets are fresh programs: each process is this executable run again in
+// a role, so no target shares copy-on-write memory with the bench.
 [[noreturn]] void exec_role(std::vector<std::string> args) {
   std::vector<char*> argv;
   static char name[] = "remora-bench-attach";
@@ -77,22 +123,33 @@ struct Tree {
   _exit(127);
 }
 
-void spawn_tree(Tree& t, int children) {
+// `spinners` (0 or 1) spinning threads and `blocked` extra blocked threads
+// in the root; `children` more processes (idle) under it.
+void spawn_tree(Tree& t, int children, int spinners = 0, int blocked = 0) {
   int ready[2], hold[2];
   if (pipe(ready) || pipe(hold)) die("pipe");
+  int shm = memfd_create("remora-bench-spin", 0);
+  if (shm < 0 || ftruncate(shm, sizeof(SpinShared)) != 0) die("memfd");
+  void* m = mmap(nullptr, sizeof(SpinShared), PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
+  if (m == MAP_FAILED) die("mmap");
+  t.spin = new (m) SpinShared;
   pid_t pid = fork();
   if (pid < 0) die("fork");
   if (pid == 0) {
     setpgid(0, 0);
     close(ready[0]);
     close(hold[1]);
-    const std::vector<std::string> role = {"--hold", std::to_string(ready[1]), std::to_string(hold[0])};
+    auto role = [&](int s, int b) {
+      return std::vector<std::string>{"--target",          std::to_string(ready[1]), std::to_string(hold[0]),
+                                      std::to_string(shm), std::to_string(s),        std::to_string(b)};
+    };
     for (int i = 0; i < children; ++i) {
       pid_t c = fork();
-      if (c == 0) exec_role(role);
+      if (c == 0) exec_role(role(0, 0));
     }
-    exec_role(role);  // the root too: it stays the children's parent
+    exec_role(role(spinners, blocked));  // the root too: it stays the children's parent
   }
+  close(shm);
   close(ready[1]);
   close(hold[0]);
   t.root = pid;
@@ -105,9 +162,40 @@ void spawn_tree(Tree& t, int children) {
   }
 }
 
-// "--hold READY HOLD": a target. Says it is up, then blocks in read(2)
-// until the bench goes away.
-int hold_main(int ready_fd, int hold_fd) {
+void spin(SpinShared* s) {
+  uint64_t last = now_ns(), max_gap = 0, window = 0;
+  s->running.fetch_add(1);
+  for (;;) {
+    const uint64_t t = now_ns();
+    max_gap = std::max(max_gap, t - last);
+    last = t;
+    if (const uint64_t w = s->window.load(std::memory_order_relaxed); w != window) {
+      window = w;
+      max_gap = 0;
+      s->max_gap_ns.store(0);
+      s->started.store(w);
+    }
+    if (max_gap > s->max_gap_ns.load(std::memory_order_relaxed))
+      s->max_gap_ns.store(max_gap, std::memory_order_relaxed);
+  }
+}
+
+// "--target READY HOLD SHM SPINNERS BLOCKED": says it is up once its threads
+// run, then blocks in read(2) until the bench goes away.
+int target_main(int ready_fd, int hold_fd, int shm, int spinners, int blocked) {
+  auto* s =
+      static_cast<SpinShared*>(mmap(nullptr, sizeof(SpinShared), PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0));
+  if (s == MAP_FAILED) return 1;
+  std::atomic<int> up{0};
+  for (int i = 0; i < blocked; ++i)
+    std::thread([&up, hold_fd] {
+      up.fetch_add(1);
+      char b;
+      (void)!read(hold_fd, &b, 1);
+    }).detach();
+  for (int i = 0; i < spinners; ++i) std::thread([s] { spin(s); }).detach();
+  while (up.load() < blocked) std::this_thread::yield();
+  while (s->running.load() < spinners) std::this_thread::yield();
   char b = 'c';
   (void)!write(ready_fd, &b, 1);
   (void)!read(hold_fd, &b, 1);
@@ -134,8 +222,7 @@ int load_main(int ready_fd, int go_fd, int done_fd, const char* agent, const cha
 // Runs `count` fresh "--load" processes, as many at a time as there are
 // CPUs (a new one goes when one is done), once all are up. Returns each
 // one's own time (us) and the wall time from the first "go" to the last
-// report (us). No injector can attach processes faster than they can load
-// the same libraries themselves.
+// report (us).
 std::pair<std::vector<double>, double> in_process(const std::string& agent, const std::string& tool,
                                                   int count) {
   int ready[2], go[2], done[2];
@@ -175,84 +262,191 @@ std::pair<std::vector<double>, double> in_process(const std::string& agent, cons
   return {each, wall};
 }
 
-}  // namespace
+// CPU time (user + system) of the calling thread, us.
+double thread_cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
 
-int main(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "--hold") == 0)
-    return hold_main(std::atoi(argv[2]), std::atoi(argv[3]));
-  if (argc == 7 && std::strcmp(argv[1], "--load") == 0)
-    return load_main(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5], argv[6]);
-  if (argc < 3) die("usage: remora-bench-attach AGENT TOOL [CYCLES]");
-  int cycles = argc > 3 ? std::atoi(argv[3]) : 200;
-  AttachOptions opts;
-  opts.agent_path = argv[1];
-  opts.tools = {argv[2]};
+// One first attach into a fresh target; `stall` (if given) receives the
+// spinner's longest gap during it, `cpu` (if given) the CPU time the
+// controller's thread spent on it.
+double first_attach(const AttachOptions& opts, int spinners, int blocked, double* stall = nullptr,
+                    double* cpu = nullptr) {
+  Tree t;
+  spawn_tree(t, 0, spinners, blocked);
+  if (spinners > 0 && !t.open_window()) die("the target's spinner did not start its window");
+  Controller c;
+  const double cpu0 = thread_cpu_us();
+  auto t0 = Clock::now();
+  auto r = c.attach(t.root, opts);
+  double us = us_since(t0);
+  if (cpu) *cpu = thread_cpu_us() - cpu0;
+  if (!r) die(r.error().to_string());
+  if (stall) *stall = t.stall_us();
+  if (auto d = c.detach(t.root); !d) die(d.error().to_string());
+  return us;
+}
 
-  std::vector<double> floor;
-  for (int i = 0; i < 15; ++i) floor.push_back(in_process(opts.agent_path, opts.tools[0], 1).first.at(0));
+// The spinner's longest gap over a window as long as an attach, with no
+// attach: what the machine costs it anyway.
+double baseline_stall(double window_us) {
+  Tree t;
+  spawn_tree(t, 0, 1, 0);
+  if (!t.open_window()) die("the target's spinner did not start its window");
+  timespec ts{0, static_cast<long>(window_us * 1000)};
+  nanosleep(&ts, nullptr);
+  return t.stall_us();
+}
 
-  std::vector<double> first;
-  for (int i = 0; i < 15; ++i) {
-    Tree t;
-    spawn_tree(t, 0);
-    Controller c;
-    auto t0 = Clock::now();
-    auto r = c.attach(t.root, opts);
-    double us = us_since(t0);
-    if (!r) die(r.error().to_string());
-    first.push_back(us);
-    if (auto d = c.detach(t.root); !d) die(d.error().to_string());
+// `remora ARGS` as a whole, fork/exec to exit, its output to /dev/null.
+double cli_run(const std::string& remora, std::vector<std::string> args) {
+  auto t0 = Clock::now();
+  pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    std::vector<char*> argv{const_cast<char*>(remora.c_str())};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(remora.c_str(), argv.data());
+    _exit(127);
   }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  double us = us_since(t0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    die("remora " + (args.empty() ? std::string() : args[0]) + " failed (status " + std::to_string(status) +
+        ")");
+  return us;
+}
 
+double cli_attach(const std::string& remora, const std::string& tool, const std::vector<std::string>& extra) {
+  Tree t;
+  spawn_tree(t, 0);
+  std::vector<std::string> args = {"attach", "-p", std::to_string(t.root), "-t", tool};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return cli_run(remora, args);
+}
+
+double tree_attach(const AttachOptions& opts) {
+  Tree t;
+  spawn_tree(t, 31);
+  Controller tc;
+  auto t0 = Clock::now();
+  auto r = tc.attach_tree(t.root, opts);
+  double us = us_since(t0);
+  if (!r) die(r.error().to_string());
+  size_t okc = 0;
+  for (const auto& o : *r) okc += o.ok;
+  if (okc != 32) die("tree attach: only " + std::to_string(okc) + " of 32 attached");
+  (void)tc.detach_tree(t.root);
+  return us;
+}
+
+struct Rows {
+  std::vector<double> floor, idle, idle_cpu, spin, spin_stall, threads8, threads8_stall, base_stall, cli_d1,
+      cli_keep, version, reattach, detach, tree, tree_floor;
+};
+
+void reattach_cycles(const AttachOptions& opts, int cycles, Rows* rows) {
   Tree one;
   spawn_tree(one, 0);
   Controller c;
   if (auto r = c.attach(one.root, opts); !r) die(r.error().to_string());
   if (auto d = c.detach(one.root); !d) die(d.error().to_string());
-  std::vector<double> reattach, detach;
   for (int i = 0; i < cycles; ++i) {
     auto t0 = Clock::now();
     if (auto r = c.attach(one.root, opts); !r) die(r.error().to_string());
-    reattach.push_back(us_since(t0));
+    rows->reattach.push_back(us_since(t0));
     t0 = Clock::now();
     if (auto d = c.detach(one.root); !d) die(d.error().to_string());
-    detach.push_back(us_since(t0));
+    rows->detach.push_back(us_since(t0));
   }
+}
 
-  std::vector<double> tree_floor;
-  for (int i = 0; i < 3; ++i)
-    tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second / 1000);
+void print_rows(const Rows& r, int rounds) {
+  auto row = [](const char* name, const std::vector<double>& v, double goal_us = 0) {
+    std::printf("| %s | %.0f us | %.0f us |", name, median(v), worst(v));
+    if (goal_us > 0)
+      std::printf(" %.0f us (%.2fx) |\n", goal_us, median(v) / goal_us);
+    else
+      std::printf(" |\n");
+  };
+  std::printf("rounds: %d (interleaved; one sample of each row per round)\n\n", rounds);
+  std::printf("| row | median | max | goal (issue 12 part 5) |\n|---|---|---|---|\n");
+  row("in-process floor (the process loads agent and tool itself)", r.floor);
+  row("first attach, idle target", r.idle, 1630);
+  row("  the controller thread's CPU time during it", r.idle_cpu);
+  row("first attach, target whose one thread spins", r.spin, 1630);
+  row("  the spinner's stall during it (longest gap)", r.spin_stall);
+  row("first attach, 8 threads (1 spinning)", r.threads8, 1800);
+  row("  the other threads' stall during it (the spinner's longest gap)", r.threads8_stall, 160);
+  row("  the spinner's longest gap over as long a window without an attach", r.base_stall);
+  row("`remora --version` (CLI start-up)", r.version);
+  row("`remora attach -d 1`, idle target, fork/exec to exit", r.cli_d1, 2650);
+  row("`remora attach --keep --attach-children=false`, idle target", r.cli_keep, 2650);
+  row("re-attach (agent loaded)", r.reattach);
+  row("detach (agent loaded)", r.detach);
+  std::printf("| attach_tree, 32 fresh processes | %.1f ms | %.1f ms | %.1f ms (2x floor) |\n",
+              median(r.tree) / 1000, worst(r.tree) / 1000, 2 * median(r.tree_floor) / 1000);
+  std::printf("| in-process floor, 32 fresh processes, one per CPU at a time | %.1f ms | %.1f ms | |\n",
+              median(r.tree_floor) / 1000, worst(r.tree_floor) / 1000);
+  std::printf("\nfirst attach (idle) / in-process floor: %.1fx\n", median(r.idle) / median(r.floor));
+  std::printf("32 processes / their in-process floor: %.2fx (goal <= 2x)\n",
+              median(r.tree) / median(r.tree_floor));
+}
 
-  std::vector<double> tree32;
-  for (int i = 0; i < 3; ++i) {
-    Tree t;
-    spawn_tree(t, 31);
-    Controller tc;
-    auto t0 = Clock::now();
-    auto r = tc.attach_tree(t.root, opts);
-    double us = us_since(t0);
-    if (!r) die(r.error().to_string());
-    size_t okc = 0;
-    for (const auto& o : *r) okc += o.ok;
-    if (okc != 32) die("tree attach: only " + std::to_string(okc) + " of 32 attached");
-    tree32.push_back(us);
-    (void)tc.detach_tree(t.root);
+std::string remora_next_to_us() {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return {};
+  std::string p(self, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/') + 1) + "remora";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 7 && std::strcmp(argv[1], "--target") == 0)
+    return target_main(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
+                       std::atoi(argv[6]));
+  if (argc == 7 && std::strcmp(argv[1], "--load") == 0)
+    return load_main(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5], argv[6]);
+  if (argc < 3) die("usage: remora-bench-attach AGENT TOOL [ROUNDS [REMORA]]");
+  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 15;
+  const std::string remora = argc > 4 ? argv[4] : remora_next_to_us();
+  const bool cli = access(remora.c_str(), X_OK) == 0;
+  if (!cli) std::printf("skipped: the `remora` rows (no executable at %s)\n", remora.c_str());
+  AttachOptions opts;
+  opts.agent_path = argv[1];
+  opts.tools = {argv[2]};
+
+  Rows r;
+  for (int i = 0; i < rounds; ++i) {
+    r.floor.push_back(in_process(opts.agent_path, opts.tools[0], 1).first.at(0));
+    double stall = 0, cpu = 0;
+    r.idle.push_back(first_attach(opts, 0, 0, nullptr, &cpu));
+    r.idle_cpu.push_back(cpu);
+    r.spin.push_back(first_attach(opts, 1, 0, &stall));
+    r.spin_stall.push_back(stall);
+    r.threads8.push_back(first_attach(opts, 1, 6, &stall));
+    r.threads8_stall.push_back(stall);
+    r.base_stall.push_back(baseline_stall(r.threads8.back()));
+    if (cli) {
+      r.version.push_back(cli_run(remora, {"--version"}));
+      r.cli_d1.push_back(cli_attach(remora, opts.tools[0], {"-d", "1"}));
+      r.cli_keep.push_back(cli_attach(remora, opts.tools[0], {"--keep", "--attach-children=false"}));
+    }
+    reattach_cycles(opts, 10, &r);
+    if (i % 3 == 0) {  // the tree rows cost 20x a round's others: a third as many samples
+      r.tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second);
+      r.tree.push_back(tree_attach(opts));
+    }
   }
-
-  auto tf = stats(tree_floor);
-  auto fl = stats(floor), f = stats(first), ra = stats(reattach), de = stats(detach), tr = stats(tree32);
-  std::printf("| measurement | median | p99 / max |\n|---|---|---|\n");
-  std::printf("| in-process floor (the process loads agent and tool itself), n=%zu | %.0f us | %.0f us |\n",
-              floor.size(), fl.median, fl.p99);
-  std::printf("| first attach (agent injected), n=%zu | %.0f us | %.0f us |\n", first.size(), f.median,
-              f.p99);
-  std::printf("| re-attach (agent loaded), n=%d | %.0f us | %.0f us |\n", cycles, ra.median, ra.p99);
-  std::printf("| detach, n=%d | %.0f us | %.0f us |\n", cycles, de.median, de.p99);
-  std::printf("| attach_tree, 32 fresh processes, n=%zu | %.1f ms | %.1f ms |\n", tree32.size(),
-              tr.median / 1000, tr.p99 / 1000);
-  std::printf("| in-process floor, 32 fresh processes, one per CPU at a time, n=%zu | %.1f ms | %.1f ms |\n",
-              tree_floor.size(), tf.median, tf.p99);
-  std::printf("\nfirst attach / in-process floor: %.1fx\n", f.median / fl.median);
-  std::printf("32 processes / their in-process floor: %.1fx\n", tr.median / 1000 / tf.median);
+  print_rows(r, rounds);
   return 0;
 }

@@ -129,6 +129,7 @@ Result<void> Controller::follow_start(pid_t root, const FollowOptions& fo) {
 }
 
 Result<std::vector<FollowEvent>> Controller::follow_poll(pid_t root, const AttachOptions& opts) {
+  detail::ScopedTimerSlack slack;  // a poll may attach (attach_one): its waits sleep short
   std::shared_ptr<Follow> f;
   {
     std::lock_guard lock(mu_);

@@ -11,4 +11,26 @@ namespace remora::attach::detail {
 // the calling one included; returns when every call has returned.
 void for_each_parallel(size_t n, const std::function<void(size_t)>& work);
 
+// The calling thread's timer slack, 1 ns while it lives, then put back.
+// Why: an attach waits by short sleeps (this layer's polls of the loader
+// block, the listener and threads going away; the ptrace layer's polls for a
+// stop), 20-200 us each, a dozen or more per attach. The kernel stretches
+// every sleep of a normal thread by its timer slack, 50 us by default:
+// nanosleep(20 us) returned after 86 us on the benchmark machine, and with a
+// slack of 1 ns after 34 us (docs/benchmarks.md, "Attach rows of issue 12
+// part 5"). The slack is per thread (prctl PR_SET_TIMERSLACK): the caller's
+// other threads and the target are untouched, and threads started while it
+// is set (for_each_parallel's workers) inherit it and end with it. Held by
+// every public Controller entry point that waits.
+class ScopedTimerSlack {
+ public:
+  ScopedTimerSlack();
+  ~ScopedTimerSlack();
+  ScopedTimerSlack(const ScopedTimerSlack&) = delete;
+  ScopedTimerSlack& operator=(const ScopedTimerSlack&) = delete;
+
+ private:
+  long saved_ = -1;  // the slack before, in ns; -1: unknown, nothing to put back
+};
+
 }  // namespace remora::attach::detail

@@ -401,7 +401,7 @@ Probe probe(pid_t tid, bool leave_child_exit, Stop* out, int* err) {
 Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const WaitOptions& opts) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  long sleep_ns = 20'000;
+  long sleep_ns = 5'000;
   const bool watch = opts.wake_fd >= 0;
   for (;;) {
     for (pid_t tid : tids) {
@@ -419,7 +419,15 @@ Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const Wai
     }
     if (deadline.expired()) return Waited{Waited::Kind::kTimeout};
     pollfd pfd{opts.wake_fd, POLLIN, 0};
-    if (Clock::now() - start < std::chrono::microseconds(300)) {
+    // A short spin catches the stop of a thread that had a CPU to itself;
+    // then sleep. A CPU that spins (sched_yield included) is never idle, so
+    // a tracee queued behind a busy thread of the target is neither placed
+    // on it nor pulled over, and waits for that thread's time slice. 5 us
+    // doubling to 20 us for the first millisecond, then to 1 ms for a call
+    // that runs long (short sleeps need the 1 ns timer slack Controller
+    // calls set: the default slack stretches each by 50 us).
+    const auto waited = Clock::now() - start;
+    if (waited < std::chrono::microseconds(30)) {
       if (watch && ::poll(&pfd, 1, 0) > 0) return Waited{Waited::Kind::kWake};
       sched_yield();
       continue;
@@ -428,7 +436,7 @@ Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const Wai
     int n = ::ppoll(watch ? &pfd : nullptr, watch ? 1 : 0, &ts, nullptr);
     if (n > 0) return Waited{Waited::Kind::kWake};
     if (n < 0 && errno == EINTR) return Waited{Waited::Kind::kSignal};
-    sleep_ns = std::min<long>(sleep_ns * 2, 1'000'000);
+    sleep_ns = std::min<long>(sleep_ns * 2, waited < std::chrono::milliseconds(1) ? 20'000 : 1'000'000);
   }
 }
 

@@ -97,8 +97,10 @@ const char* stop_kind_name(Stop::Kind k);
 // Why polling: a blocking waitid() cannot be given a deadline without a
 // signal handler in the controller (intrusive for a library: the caller owns
 // its signals), and pidfds report exits, not ptrace stops. The wait first
-// spins briefly with sched_yield (a ptrace stop usually arrives within tens of
-// microseconds), then backs off with short sleeps (20 us doubling to 1 ms).
+// spins for 30 us with sched_yield (a ptrace stop of a thread with a CPU to
+// itself arrives that soon), then sleeps, 5 us doubling to 20 us for the
+// first millisecond, then to 1 ms: a spinning controller would keep a tracee
+// that queued behind a busy thread of the target off its own CPU.
 //
 // Each tid is asked for by its own id (waitid(P_PID, tid, __WALL)), never
 // with P_ALL: that would steal the stops of tracees that other handles in
