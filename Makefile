@@ -10,6 +10,7 @@
 #                report its suites (tests/aarch64/run_guest.py)
 #   make demo    build, then `remora attach` (the default tool) on the bundled sample service
 #   make bench   build, then run remora-bench-call and remora-bench-attach and print their results
+#   make bench-aarch64  the same two inside the aarch64 guest
 #   make format  clang-format every C/C++ source in place
 #   make clean   remove the build trees
 #
@@ -37,7 +38,8 @@ AARCH64_BUILD_DIR ?= build-aarch64
 # (the test programs keep their own -O2 -g).
 AARCH64_BUILD_TYPE ?= Release
 
-.PHONY: all deps configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64
+.PHONY: all deps configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64 \
+        bench-aarch64
 
 all: build
 
@@ -79,6 +81,16 @@ aarch64-build: aarch64-configure
 
 test-aarch64: aarch64-build
 	/usr/bin/python3 -B tests/aarch64/run_guest.py --build-dir $(AARCH64_BUILD_DIR)
+
+# remora-bench-call and remora-bench-attach inside the guest (emulated:
+# compare ratios to the guest's own ptrace floor, not absolute times).
+bench-aarch64: aarch64-build
+	/usr/bin/python3 -B tests/aarch64/run_guest.py --build-dir $(AARCH64_BUILD_DIR) \
+	  --results $(AARCH64_BUILD_DIR)/guest/bench \
+	  --add-suite "bench_call 900 $(abspath $(AARCH64_BUILD_DIR))/bin/remora-bench-call -n 300 --warmup 20" \
+	  --add-suite "bench_attach 900 $(abspath $(AARCH64_BUILD_DIR))/bin/remora-bench-attach \
+	    $(abspath $(AARCH64_BUILD_DIR))/lib/libremora-agent.so $(abspath $(AARCH64_BUILD_DIR))/lib/libremora-hook-tool-a.so 5" \
+	  --only bench_call --only bench_attach
 
 test: build aarch64-build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2

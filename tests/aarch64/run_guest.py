@@ -603,6 +603,9 @@ def run(args):
         for spec in args.add_suite:
             name, timeout, *argv = shlex.split(spec)
             manifest["suites"].append({"name": name, "timeout": int(timeout), "cwd": "/", "rest": argv})
+    if args.only:
+        manifest["suites"] = [s for s in manifest["suites"] if s["name"] in args.only]
+        manifest["absent"] = [a for a in manifest["absent"] if a["name"] in args.only]
     cache = os.path.join(builddir, "guest", "cache")
     os.makedirs(cache, exist_ok=True)
     try:
@@ -727,6 +730,8 @@ def main():
     ap.add_argument("--gzip", action="store_true", help="gzip the initramfs (smaller, slower to boot)")
     ap.add_argument("--add-suite", action="append", metavar="'NAME TIMEOUT ARGV0 [ARG]...'",
                     help="an extra guest suite, by hand (a deliberately hanging one, say)")
+    ap.add_argument("--only", action="append", metavar="NAME",
+                    help="run only this suite (repeatable; with --add-suite, the added ones)")
     ap.add_argument("--show", metavar="SUITE", help="print SUITE's guest result (needs --results)")
     args = ap.parse_args()
     if args.show:
