@@ -780,6 +780,50 @@ TEST(Aarch64State, RestoreOrderAndCallEntryState) {
   EXPECT_EQ(notes(a::restore_order(bare)), std::vector<uint32_t>{fp});
 }
 
+// ZT0 (SME2): written back after ZA and only while ZA was on (writing it
+// turns ZA on), and carried in the frame after the ZA record.
+TEST(Aarch64State, Zt0FollowsZa) {
+  const uint16_t vl = 32;
+  auto za_set = [&](bool on) {
+    std::vector<std::byte> set(on ? a::kVecHeaderSize + size_t{vl} * vl : a::kVecHeaderSize);
+    const uint32_t size = static_cast<uint32_t>(set.size());
+    std::memcpy(set.data(), &size, 4);
+    std::memcpy(set.data() + 8, &vl, 2);
+    for (size_t i = a::kVecHeaderSize; i < set.size(); ++i) set[i] = std::byte(i * 7);
+    return set;
+  };
+  std::vector<std::byte> zt(a::kZtSize);
+  for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::byte(0xa0 + i);
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "ZA on" : "ZA off");
+    std::vector<std::byte> packed;
+    a::append_section(packed, a::kNtPrfpreg, pattern(528, 3));
+    a::append_section(packed, a::kNtArmZa, za_set(on));
+    a::append_section(packed, a::kNtArmZt, zt);
+    const auto order = notes(a::restore_order(packed));
+    if (on)
+      EXPECT_EQ(order, (std::vector<uint32_t>{a::kNtPrfpreg, a::kNtArmZa, a::kNtArmZt}));
+    else
+      EXPECT_EQ(order, (std::vector<uint32_t>{a::kNtPrfpreg, a::kNtArmZa}));
+    const auto f = a::build_sig_fpstate(a::host_xstate_layout(), packed);
+    EXPECT_EQ(f.exact, !on);
+    if (!on) {
+      EXPECT_EQ(f.image.size(), 528u) << "no ZA, no ZT0 record";
+      continue;
+    }
+    const size_t za_rec = (16 + size_t{vl} * vl + 15) & ~size_t{15};
+    ASSERT_EQ(f.image.size(), 528 + za_rec + 16 + a::kZtSize);
+    uint32_t head[2];
+    std::memcpy(head, f.image.data() + 528 + za_rec, 8);
+    EXPECT_EQ(head[0], a::kZtMagic);
+    EXPECT_EQ(head[1], 16 + a::kZtSize);
+    uint16_t nregs = 0;
+    std::memcpy(&nregs, f.image.data() + 528 + za_rec + 8, 2);
+    EXPECT_EQ(nregs, 1);
+    EXPECT_EQ(0, std::memcmp(f.image.data() + 528 + za_rec + 16, zt.data(), zt.size()));
+  }
+}
+
 TEST(Aarch64State, ParseAndAppendRoundTrip) {
   std::vector<std::byte> packed;
   const size_t sizes[] = {0, 1, 7, 8, 9, 528, 4113};

@@ -95,6 +95,7 @@ std::vector<StateSection> restore_order(std::span<const std::byte> packed) {
   else if (const auto* fp = find_section(s, kNtPrfpreg))
     out.push_back(*fp);
   if (const auto* za = find_section(s, kNtArmZa)) out.push_back(*za);
+  if (const auto* zt = find_section(s, kNtArmZt); zt && za_on(s)) out.push_back(*zt);
   return out;
 }
 
@@ -165,10 +166,17 @@ SigFpstate build_sig_fpstate(const StateLayout&, std::span<const std::byte> save
     // thread whose controller died): at the largest streaming vector
     // lengths ZA alone is 64 KiB, and the frame then goes without it (ZA
     // stays off after a controller's death; a live controller restores it).
-    if (kFrameReserved + records_footprint(out.image.size() + size) <= kSigframeMaxSize) {
+    const auto* zt = find_section(s, kNtArmZt);
+    const size_t zt_size = zt && zt->data.size() >= kZtSize ? 16 + kZtSize : 0;
+    if (kFrameReserved + records_footprint(out.image.size() + size + zt_size) <= kSigframeMaxSize) {
       const std::array<uint16_t, 4> tail = {vl, 0, 0, 0};
       append_record(out.image, kZaMagic, std::as_bytes(std::span(tail)), za->data.subspan(kVecHeaderSize),
                     size);
+      // zt_context: head, nregs (1), 3 reserved; after ZA, which it needs.
+      const std::array<uint16_t, 4> zt_tail = {1, 0, 0, 0};
+      if (zt_size != 0)
+        append_record(out.image, kZtMagic, std::as_bytes(std::span(zt_tail)), zt->data.first(kZtSize),
+                      zt_size);
     } else {
       out.why_not += "; ZA is too large for a signal frame and is left out of it";
     }

@@ -23,10 +23,12 @@ namespace remora::arch::aarch64 {
 
 // Register-set notes (include/uapi/linux/elf.h).
 inline constexpr uint32_t kNtPrfpreg = 2, kNtArmTls = 0x401, kNtArmSve = 0x405, kNtArmSsve = 0x40b,
-                          kNtArmZa = 0x40c;
+                          kNtArmZa = 0x40c, kNtArmZt = 0x40d;
 // What ptrace::get_xstate reads, in this order; a set the kernel or CPU
-// lacks (EINVAL/ENODEV) is left out.
-inline constexpr uint32_t kStateNotes[] = {kNtPrfpreg, kNtArmSve, kNtArmSsve, kNtArmZa, kNtArmTls};
+// lacks (EINVAL/ENODEV) is left out. ZT0 (SME2) is one 64-byte register,
+// reachable only while ZA is on.
+inline constexpr uint32_t kStateNotes[] = {kNtPrfpreg, kNtArmSve, kNtArmSsve, kNtArmZa, kNtArmZt, kNtArmTls};
+inline constexpr size_t kZtSize = 64;
 // Bytes ptrace::get_xstate offers a set on its first read; a larger SVE/ZA
 // set (its header's size says so) is read again at its size.
 inline constexpr size_t kFirstReadSize = 16 * 1024;
@@ -61,7 +63,8 @@ bool za_on(const std::vector<StateSection>& s);
 
 // The sections to write back, in order: the thread pointer; then the
 // streaming set in streaming mode, else the SVE set, else the FP set; then
-// ZA. Views into `packed`.
+// ZA; then ZT0, only when ZA was on (writing ZT0 turns ZA on). Views into
+// `packed`.
 std::vector<StateSection> restore_order(std::span<const std::byte> packed);
 // The sections to write before a call runs on the thread: out of streaming
 // mode (the SVE set in FPSIMD form) and ZA off, so that libc's code, which
@@ -76,7 +79,8 @@ const StateLayout& host_xstate_layout();
 
 // The records of a restore frame (sigcontext __reserved): fpsimd_context,
 // then an sve_context when the thread has live SVE or streaming registers,
-// then a za_context when ZA is on. exact: rt_sigreturn on them restores
+// then a za_context when ZA is on, and a zt_context with ZT0 when the CPU
+// has SME2. exact: rt_sigreturn on them restores
 // `saved` exactly and the remote call may rely on it; false in streaming
 // mode or with ZA on (the engine restores those through ptrace), or when
 // the FP set is missing.
@@ -88,7 +92,8 @@ struct SigFpstate {
 };
 SigFpstate build_sig_fpstate(const StateLayout& layout, std::span<const std::byte> saved);
 
-inline constexpr uint32_t kFpsimdMagic = 0x46508001, kSveMagic = 0x53564501, kZaMagic = 0x54366345;
+inline constexpr uint32_t kFpsimdMagic = 0x46508001, kSveMagic = 0x53564501, kZaMagic = 0x54366345,
+                          kZtMagic = 0x5a544e01;
 inline constexpr uint16_t kSveSigFlagSm = 1;
 
 }  // namespace remora::arch::aarch64

@@ -205,7 +205,7 @@ Result<std::vector<std::byte>> get_xstate(pid_t tid) {
     if (!r && (r.error().sys_errno() == EINVAL || r.error().sys_errno() == ENODEV)) continue;
     REMORA_TRY(std::move(r));
     if (const uint32_t want = h::vec_set_size(std::span(buf.data(), iov.iov_len));
-        note != h::kNtPrfpreg && note != h::kNtArmTls && want > buf.size()) {
+        (note == h::kNtArmSve || note == h::kNtArmSsve || note == h::kNtArmZa) && want > buf.size()) {
       buf.assign(want, std::byte{0});
       iov = iovec{buf.data(), buf.size()};
       REMORA_TRY(request(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{note}), &iov));
