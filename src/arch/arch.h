@@ -139,9 +139,10 @@ inline uint64_t breakpoint_address(uint64_t trap_pc) { return trap_pc; }
 
 // ---- injected function calls (AAPCS64) ----
 inline constexpr size_t kMaxCallArgs = 8;
-// Sets up `r` to enter `fn` with `args` and return to `return_to` (the link
-// register: aarch64 returns through x30, not the stack). PSTATE.BTYPE is
-// cleared so that a BTI landing pad check at `fn` sees a plain branch.
+// Sets up `r` to enter `fn` with `args` (at most kMaxCallArgs), no syscall
+// restart pending. PSTATE.BTYPE is cleared: a thread stopped between a
+// branch and its target would otherwise have `fn` checked as a landing pad.
+// The return address goes into x30 (set_return_address), not the stack.
 inline void set_call(HostRegs& r, uint64_t fn, std::span<const uint64_t> args) {
   for (size_t i = 0; i < args.size() && i < kMaxCallArgs; ++i) r.x[i] = args[i];
   r.pc = fn;
