@@ -378,7 +378,7 @@ class KernelModel {
     return true;
   }
 
-  const Memory& mem_;
+  Memory mem_;  // a copy: callers pass temporaries
   Task task_;
   Restored r_;
   std::string why_;

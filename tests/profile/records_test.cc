@@ -121,7 +121,10 @@ TEST(RawRecords, RoundTripThroughTheControllersReader) {
 
 TEST(RawRecords, RefusesDamagedAndNewer) {
   std::string bytes = remora_tool::encode_raw_records(sample_profile(), sample_context());
-  auto cut = parse_raw_records(std::string_view(bytes).substr(0, bytes.size() / 2));
+  // Cut inside the last field: a cut that happens to fall between two
+  // top-level fields leaves a valid shorter message (protobuf has no end
+  // marker), and where the half falls depends on this build's paths.
+  auto cut = parse_raw_records(std::string_view(bytes).substr(0, bytes.size() - 1));
   ASSERT_FALSE(cut.ok());
   EXPECT_NE(cut.error().message().find("damaged or cut short"), std::string::npos) << cut.error().to_string();
 
