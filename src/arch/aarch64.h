@@ -14,6 +14,7 @@
 #include <span>
 
 #include "arch/aarch64_stub.h"
+#include "arch/loader_block.h"
 #include "arch/syscall_restart.h"
 
 namespace remora::arch::aarch64 {
@@ -193,21 +194,8 @@ struct Stub {
 // .S is assembled.
 std::array<std::byte, Stub::kSize> stub_code();
 
-// The block the thread trampoline works on (in target memory): the same
-// fields and offsets as x86_64's.
-struct LoaderBlock {
-  uint64_t dlopen_fn;          // 0x00
-  uint64_t path;               // 0x08
-  uint64_t flags;              // 0x10
-  uint64_t pthread_self_fn;    // 0x18
-  uint64_t pthread_detach_fn;  // 0x20
-  uint64_t done;               // 0x28: 1 once the trampoline is about to return
-  uint64_t handle;             // 0x30: dlopen's result
-  uint64_t tid;                // 0x38: the trampoline thread's id
-  uint64_t dlerror_fn;         // 0x40
-  uint64_t error;              // 0x48: dlerror()'s result
-};
-static_assert(sizeof(LoaderBlock) == 0x50);
+// The block the thread trampoline works on (arch/loader_block.h).
+using LoaderBlock = arch::LoaderBlock;
 
 // The kernel's rt_sigreturn trampoline: `mov x8, #139; svc #0`. glibc for
 // aarch64 has none of its own (the kernel returns from handlers through the

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 
+#include "arch/loader_block.h"
 #include "arch/syscall_restart.h"
 #include "arch/x86_64_stub.h"
 
@@ -165,20 +166,8 @@ struct Stub {
 // .S is assembled: the controller's engine runs nowhere else. Never fails.
 std::array<std::byte, Stub::kSize> stub_code();
 
-// The block the thread trampoline works on (in target memory).
-struct LoaderBlock {
-  uint64_t dlopen_fn;          // 0x00
-  uint64_t path;               // 0x08
-  uint64_t flags;              // 0x10
-  uint64_t pthread_self_fn;    // 0x18
-  uint64_t pthread_detach_fn;  // 0x20
-  uint64_t done;               // 0x28: 1 once the trampoline is about to return
-  uint64_t handle;             // 0x30: dlopen's result
-  uint64_t tid;                // 0x38: the trampoline thread's id
-  uint64_t dlerror_fn;         // 0x40
-  uint64_t error;              // 0x48: dlerror()'s result
-};
-static_assert(sizeof(LoaderBlock) == 0x50);
+// The block the thread trampoline works on (arch/loader_block.h).
+using LoaderBlock = arch::LoaderBlock;
 
 // glibc's __restore_rt (the sa_restorer it installs): mov $15,%rax; syscall.
 inline constexpr std::array<uint8_t, 9> kRestoreRtPattern = {0x48, 0xc7, 0xc0, 0x0f, 0x00,
