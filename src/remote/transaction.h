@@ -17,15 +17,15 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
-#include <optional>
 #include <vector>
 
 #include "arch/host.h"
-#include "procfs/procfs.h"
 #include "base/deadline.h"
 #include "base/result.h"
+#include "procfs/procfs.h"
 #include "ptrace/ptrace.h"
 #include "remote/seccomp.h"
 #include "remote/target_impl.h"

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent_entry.h"
 #include "workload.h"
 
 namespace fs = std::filesystem;
@@ -149,20 +150,6 @@ bool decode_session(std::string_view msg, RawSession* s) {
   return ok && r.ok();
 }
 
-// [uint32 count] then count pairs NAME\0VALUE\0 (agent/agent.cc).
-std::vector<char> env_buffer(const std::vector<std::pair<std::string, std::string>>& vars) {
-  std::vector<char> b(sizeof(uint32_t));
-  uint32_t n = static_cast<uint32_t>(vars.size());
-  memcpy(b.data(), &n, sizeof n);
-  for (const auto& [k, v] : vars) {
-    b.insert(b.end(), k.begin(), k.end());
-    b.push_back('\0');
-    b.insert(b.end(), v.begin(), v.end());
-    b.push_back('\0');
-  }
-  return b;
-}
-
 // A GOT slot the tool patched (remora_default_tool_debug_slots).
 struct Slot {
   void** slot;
@@ -207,13 +194,10 @@ const void* object_of(uint64_t pc) {
 }
 
 TEST(DefaultToolUnderAgentRaw, SamplesUnwindAndTracedCalls) {
-  void* agent = dlopen(REMORA_AGENT_PATH, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(agent, nullptr) << dlerror();
-  auto agent_attach =
-      reinterpret_cast<int (*)(const void*, const char*)>(dlsym(agent, "remora_agent_attach"));
-  auto agent_detach = reinterpret_cast<int (*)()>(dlsym(agent, "remora_agent_detach"));
-  ASSERT_NE(agent_attach, nullptr);
-  ASSERT_NE(agent_detach, nullptr);
+  const AgentEntry agent(REMORA_AGENT_PATH);
+  ASSERT_TRUE(agent.ok()) << agent.error;
+  const auto agent_attach = agent.attach;
+  const auto agent_detach = agent.detach;
 
   char tmpl[] = "/tmp/remora-tool-agent-raw-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

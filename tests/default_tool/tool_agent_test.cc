@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent_entry.h"
 #include "render.h"
 #include "workload.h"
 
@@ -21,28 +22,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// [uint32 count] then count pairs NAME\0VALUE\0 (agent/agent.cc).
-std::vector<char> env_buffer(const std::vector<std::pair<std::string, std::string>>& vars) {
-  std::vector<char> b(sizeof(uint32_t));
-  uint32_t n = static_cast<uint32_t>(vars.size());
-  memcpy(b.data(), &n, sizeof n);
-  for (const auto& [k, v] : vars) {
-    b.insert(b.end(), k.begin(), k.end());
-    b.push_back('\0');
-    b.insert(b.end(), v.begin(), v.end());
-    b.push_back('\0');
-  }
-  return b;
-}
-
 TEST(DefaultToolUnderAgent, AttachDetachReattach) {
-  void* agent = dlopen(REMORA_AGENT_PATH, RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(agent, nullptr) << dlerror();
-  auto agent_attach =
-      reinterpret_cast<int (*)(const void*, const char*)>(dlsym(agent, "remora_agent_attach"));
-  auto agent_detach = reinterpret_cast<int (*)()>(dlsym(agent, "remora_agent_detach"));
-  ASSERT_NE(agent_attach, nullptr);
-  ASSERT_NE(agent_detach, nullptr);
+  const AgentEntry agent(REMORA_AGENT_PATH);
+  ASSERT_TRUE(agent.ok()) << agent.error;
+  const auto agent_attach = agent.attach;
+  const auto agent_detach = agent.detach;
 
   char tmpl[] = "/tmp/remora-tool-agent-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

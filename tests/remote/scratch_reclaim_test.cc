@@ -116,8 +116,8 @@ TEST_F(ScratchReclaim, DeadControllersScratchIsRemovedOnOpen) {
   // A first call (the scratch's creation included) takes about 0.2 ms on
   // real hardware and 30-60 ms under an emulator (the aarch64 guest): the
   // kills must spread over the time a caller needs to get that far.
-  const auto first_call = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now() - warm_start);
+  const auto first_call =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - warm_start);
   ASSERT_TRUE(warm.ok()) << describe(warm.error());
   ASSERT_TRUE(live->scratch_address().has_value());
   const uint64_t live_scratch = *live->scratch_address();
