@@ -1301,7 +1301,8 @@ Result<AgentState> Controller::status(pid_t pid) {
   auto mem = REMORA_TRY(remote::Memory::open(pid));
   auto maps = REMORA_TRY(procfs::read_maps(pid));
   if (!remote::find_library(pid, maps, kAgentName)) return st;
-  auto sym = REMORA_TRY(remote::resolve_symbol(pid, mem, kAgentName, "remora_agent_info", 0, {}, false));
+  auto sym =
+      REMORA_TRY(remote::resolve_symbol(pid, mem, kAgentName, "remora_agent_info", 0, {}, false, &maps));
   remora_agent_info info{};
   REMORA_TRY(mem.read(sym.address, std::as_writable_bytes(std::span(&info, 1))));
   if (info.magic != REMORA_AGENT_MAGIC) return st;

@@ -91,6 +91,7 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   im.is_static = procfs::auxv_get(auxv, AT_BASE).value_or(0) == 0;
   if (im.is_static) return target;
   auto maps = REMORA_TRY_CTX(procfs::read_maps(pid), "open process " + p);
+  im.remember_maps(maps);  // the first lookups use them (a reclaim below forgets them)
   // musl: refused at once, before anything is looked up or changed.
   const std::string interp = maps_glibc(maps) ? std::string() : program_interpreter(pid).value_or("");
   if (auto loader = musl_loader(interp, maps))
@@ -225,6 +226,7 @@ Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_vi
                                  "resolve IFUNC " + std::string(symbol));
     address = chosen.value;
     maps = REMORA_TRY_CTX(procfs::read_maps(pid), ctx());
+    remember_maps(maps);
   }
   if (const auto* m = mapped_from(address)) symbols[key] = {address, m->dev(), m->inode};
   return RemoteAddr(address);
@@ -233,7 +235,9 @@ Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_vi
 // The target's maps, for a series of lookups; forgets memoized images whose
 // header mapping has gone (a dlclose, or a dlopen at the same place).
 Result<std::vector<procfs::MapEntry>> Target::Impl::maps_for_lookup() {
+  if (maps_memo && Clock::now() - maps_memo_at < kMapsMemoAge) return *maps_memo;
   auto maps = REMORA_TRY_CTX(procfs::read_maps(pid), "read the maps of " + process_str(pid, ns_pid));
+  remember_maps(maps);
   for (auto it = images.begin(); it != images.end();) {
     auto [dev, inode, start] = it->first;
     bool present = std::any_of(maps.begin(), maps.end(), [&](const procfs::MapEntry& m) {
@@ -517,22 +521,34 @@ Result<Gadgets> Target::Impl::find_gadgets() {
   // __restore_rt is local (not exported): find its exact bytes in libc's text.
   auto pattern =
       std::span(reinterpret_cast<const std::byte*>(a::kRestoreRtPattern.data()), a::kRestoreRtPattern.size());
-  std::vector<std::byte> chunk(256 * 1024 + pattern.size());
+  auto search = [&](uint64_t from, uint64_t to) -> Result<uint64_t> {  // 0: not there
+    if (to <= from || to - from < pattern.size()) return uint64_t{0};
+    std::vector<std::byte> chunk(std::min<uint64_t>(to - from, 64 * 1024 + pattern.size()));
+    for (uint64_t at = from; at < to; at += chunk.size() - pattern.size()) {
+      const uint64_t len = std::min<uint64_t>(chunk.size(), to - at);
+      REMORA_TRY(mem.read(at, std::span(chunk.data(), len)));
+      auto end = chunk.begin() + static_cast<long>(len);
+      if (auto hit = std::search(chunk.begin(), end, pattern.begin(), pattern.end()); hit != end)
+        return at + static_cast<uint64_t>(hit - chunk.begin());
+      if (len < chunk.size()) break;
+    }
+    return uint64_t{0};
+  };
   // glibc's own __restore_rt, or, where libc has none (aarch64), the
   // vDSO's rt_sigreturn trampoline.
   std::vector<procfs::MapEntry> where;
   for (const auto& m : a::kRestoreRtInVdso ? maps : libc->maps)
     if (m.exec && (!a::kRestoreRtInVdso || m.path == "[vdso]")) where.push_back(m);
-  for (const auto& m : where) {
-    for (uint64_t at = m.start; at < m.end && g.restore_rt == 0; at += 256 * 1024) {
-      uint64_t len = std::min<uint64_t>(chunk.size(), m.end - at);
-      REMORA_TRY(mem.read(at, std::span(chunk.data(), len)));
-      auto hit =
-          std::search(chunk.begin(), chunk.begin() + static_cast<long>(len), pattern.begin(), pattern.end());
-      if (hit != chunk.begin() + static_cast<long>(len))
-        g.restore_rt = at + static_cast<uint64_t>(hit - chunk.begin());
-    }
+  // glibc defines it in sigaction.c, beside __libc_sigaction: look there
+  // first (a few hundred bytes, not the whole text).
+  if (auto near = loaded.image->find_symbol("__libc_sigaction"); near && !a::kRestoreRtInVdso) {
+    const uint64_t at = loaded.bias + near->value;
+    for (const auto& m : where)
+      if (at >= m.start && at < m.end && g.restore_rt == 0)
+        g.restore_rt = REMORA_TRY(search(std::max(m.start, at - 512), std::min(m.end, at + 512)));
   }
+  for (const auto& m : where)
+    if (g.restore_rt == 0) g.restore_rt = REMORA_TRY(search(m.start, m.end));
   if (g.restore_rt == 0)
     return Error(Errc::kNotSupported,
                  "no rt_sigreturn trampoline found in libc (__restore_rt) or the vDSO of process " +
@@ -593,6 +609,7 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
 Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
                                           std::array<uint64_t, 6> args, const Deadline& deadline,
                                           std::span<const StackArg> on_stack) {
+  forget_maps();  // what the call maps or unmaps
   Transaction tx(*this, tid, deadline);
   return tx.run(is_syscall, fn_or_nr, args, on_stack);
 }

@@ -94,6 +94,20 @@ struct Target::Impl {
   };
   std::map<std::pair<std::string, std::string>, CachedSymbol> symbols;
   ImageMemo images;  // cleared whenever a mapping it names has changed
+  // The maps as last read, for the lookups that follow until this
+  // controller next runs anything in the target (every transaction forgets
+  // them: a call may map or unmap) or kMapsMemoAge passes. One attach looks
+  // libraries up in several steps before its first call; each re-read of
+  // /proc/PID/maps cost 30-80 us, and a large process's (a JVM's thousands
+  // of mappings) far more.
+  static constexpr std::chrono::milliseconds kMapsMemoAge{5};
+  std::optional<std::vector<procfs::MapEntry>> maps_memo;
+  Clock::time_point maps_memo_at{};
+  void remember_maps(const std::vector<procfs::MapEntry>& maps) {
+    maps_memo = maps;
+    maps_memo_at = Clock::now();
+  }
+  void forget_maps() { maps_memo.reset(); }
   std::mutex mu;
 
   explicit Impl(Memory m) : mem(std::move(m)) {}
