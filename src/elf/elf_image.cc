@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
-#include <set>
 #include <utility>
 
 #include "base/strings.h"
@@ -206,32 +206,14 @@ Result<void> check_ehdr(const Elf64_Ehdr& eh) {
   return ok();
 }
 
-Symbol make_symbol(const Elf64_Sym& s, std::string_view name) {
-  Symbol out;
-  out.name = std::string(name);
-  out.value = s.st_value;
-  out.size = s.st_size;
-  out.type = static_cast<unsigned char>(ELF64_ST_TYPE(s.st_info));
-  out.bind = static_cast<unsigned char>(ELF64_ST_BIND(s.st_info));
-  out.shndx = s.st_shndx;
-  return out;
+// The end of the last NUL-terminated string in `strtab`: a name offset below
+// it starts a terminated string, one at or past it does not. Found once per
+// table so that checking thousands of names costs a compare each.
+uint64_t terminated_prefix(std::span<const std::byte> strtab) {
+  uint64_t end = strtab.size();
+  while (end > 0 && strtab[end - 1] != std::byte{0}) --end;
+  return end;
 }
-
-Result<std::vector<Symbol>> read_symbols(const Reader& read, uint64_t addr, uint64_t count,
-                                         std::span<const std::byte> strtab, std::string_view what) {
-  auto raw = REMORA_TRY(read_array<Elf64_Sym>(read, addr, count, kMaxSymbols, what));
-  std::vector<Symbol> out;
-  out.reserve(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) {
-    auto name = string_at(strtab, raw[i].st_name);
-    if (!name.ok())
-      return std::move(name.error()).with_context(std::string(what) + " entry " + std::to_string(i));
-    out.push_back(make_symbol(raw[i], *name));
-  }
-  return out;
-}
-
-bool defined(const Symbol& s) { return s.shndx != SHN_UNDEF; }
 
 std::string_view unversioned(std::string_view name) {
   auto at = name.find('@');
@@ -267,8 +249,36 @@ class ElfParser {
   static Result<void> load_versym(const Reader& read, uint64_t addr, ElfImage& img);
   static Result<void> load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh,
                                     bool need_build_id, ElfImage& img, bool& have_dynsym);
-  static void build_symtab_index(ElfImage& img);
+  static Result<ElfImage::SymbolTable> read_symbol_table(const Reader& read, uint64_t addr, uint64_t count,
+                                                         std::vector<std::byte> strtab,
+                                                         std::string_view what);
 };
+
+// Every name offset is checked here, once, so that lookups and listings
+// never meet a bad one; the error (and its context) is string_at's.
+Result<ElfImage::SymbolTable> ElfParser::read_symbol_table(const Reader& read, uint64_t addr, uint64_t count,
+                                                           std::vector<std::byte> strtab,
+                                                           std::string_view what) {
+  // The entries are copied straight into RawSymbol, so it must be Elf64_Sym.
+  static_assert(sizeof(ElfImage::RawSymbol) == sizeof(Elf64_Sym));
+  static_assert(offsetof(ElfImage::RawSymbol, name) == offsetof(Elf64_Sym, st_name));
+  static_assert(offsetof(ElfImage::RawSymbol, info) == offsetof(Elf64_Sym, st_info));
+  static_assert(offsetof(ElfImage::RawSymbol, other) == offsetof(Elf64_Sym, st_other));
+  static_assert(offsetof(ElfImage::RawSymbol, shndx) == offsetof(Elf64_Sym, st_shndx));
+  static_assert(offsetof(ElfImage::RawSymbol, value) == offsetof(Elf64_Sym, st_value));
+  static_assert(offsetof(ElfImage::RawSymbol, size) == offsetof(Elf64_Sym, st_size));
+  ElfImage::SymbolTable table;
+  table.entries = REMORA_TRY(read_array<ElfImage::RawSymbol>(read, addr, count, kMaxSymbols, what));
+  const uint64_t terminated = terminated_prefix(strtab);
+  for (size_t i = 0; i < table.entries.size(); ++i) {
+    if (table.entries[i].name < terminated) continue;
+    auto name = string_at(strtab, table.entries[i].name);
+    if (!name.ok())
+      return std::move(name.error()).with_context(std::string(what) + " entry " + std::to_string(i));
+  }
+  table.strings = std::move(strtab);
+  return table;
+}
 
 Result<ElfParser::Phdrs> ElfParser::take_phdrs(std::span<const Elf64_Phdr> phdrs, ElfImage& img) {
   Phdrs out;
@@ -380,7 +390,7 @@ Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, El
 
 Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage& img) {
   auto versym =
-      REMORA_TRY(read_array<uint16_t>(read, addr, img.dynsyms_.size(), kMaxSymbols, "version table"));
+      REMORA_TRY(read_array<uint16_t>(read, addr, img.dynsym_.entries.size(), kMaxSymbols, "version table"));
   img.dynsym_hidden_.assign(versym.size(), false);
   for (size_t i = 0; i < versym.size(); ++i) img.dynsym_hidden_[i] = (versym[i] & 0x8000) != 0;
   return ok();
@@ -415,10 +425,11 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
                 ? std::min<uint64_t>((*info.strtab - *info.symtab) / sizeof(Elf64_Sym), kMaxSymbols)
                 : 0;
   }
-  img.dynsyms_ = REMORA_TRY(read_symbols(vread, *info.symtab, *nsyms, strtab, "dynamic symbol table"));
-  if (img.dynsyms_.size() < img.gnu_.symoffset) {
+  img.dynsym_ =
+      REMORA_TRY(read_symbol_table(vread, *info.symtab, *nsyms, std::move(strtab), "dynamic symbol table"));
+  if (img.dynsym_.entries.size() < img.gnu_.symoffset) {
     return parse_error("GNU hash symoffset " + std::to_string(img.gnu_.symoffset) + " exceeds the " +
-                       std::to_string(img.dynsyms_.size()) + " dynamic symbols");
+                       std::to_string(img.dynsym_.entries.size()) + " dynamic symbols");
   }
   if (info.versym) REMORA_TRY_CTX(load_versym(vread, *info.versym, img), "DT_VERSYM");
   return ok();
@@ -447,7 +458,7 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
       return parse_error(std::string(what) + " has no file contents (SHT_NOBITS)");
     return read_bytes(fread, sh.sh_offset, sh.sh_size, max, what);
   };
-  auto load_table = [&](size_t idx, std::string_view what) -> Result<std::vector<Symbol>> {
+  auto load_table = [&](size_t idx, std::string_view what) -> Result<ElfImage::SymbolTable> {
     const Elf64_Shdr& sh = shdrs[idx];
     if (sh.sh_entsize != sizeof(Elf64_Sym)) {
       return parse_error(std::string(what) + " entry size " + std::to_string(sh.sh_entsize) + ", expected " +
@@ -458,7 +469,7 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
                          ", which is not a string table");
     }
     auto strtab = REMORA_TRY(section_bytes(sh.sh_link, kMaxStringTable, "string table"));
-    return read_symbols(fread, sh.sh_offset, sh.sh_size / sizeof(Elf64_Sym), strtab, what);
+    return read_symbol_table(fread, sh.sh_offset, sh.sh_size / sizeof(Elf64_Sym), std::move(strtab), what);
   };
 
   std::optional<size_t> dynsym, symtab, gnu_hash, sysv_hash, versym;
@@ -487,10 +498,11 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
     }
   }
   if (dynsym) {
-    img.dynsyms_ = REMORA_TRY_CTX(load_table(*dynsym, ".dynsym"), ".dynsym");
+    img.dynsym_ = REMORA_TRY_CTX(load_table(*dynsym, ".dynsym"), ".dynsym");
     have_dynsym = true;
     if (gnu_hash) {
-      REMORA_TRY_CTX(load_gnu_hash(fread, shdrs[*gnu_hash].sh_offset, img.dynsyms_.size(), img), ".gnu.hash");
+      REMORA_TRY_CTX(load_gnu_hash(fread, shdrs[*gnu_hash].sh_offset, img.dynsym_.entries.size(), img),
+                     ".gnu.hash");
     }
     if (sysv_hash) REMORA_TRY_CTX(load_sysv_hash(fread, shdrs[*sysv_hash].sh_offset, img), ".hash");
     if (versym) REMORA_TRY_CTX(load_versym(fread, shdrs[*versym].sh_offset, img), ".gnu.version");
@@ -507,23 +519,6 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
     }
   }
   return ok();
-}
-
-void ElfParser::build_symtab_index(ElfImage& img) {
-  auto add = [&](std::string_view key, size_t i) {
-    auto [it, inserted] = img.symtab_index_.emplace(key, i);
-    // A global definition beats a file-local one of the same name.
-    if (!inserted && img.symtab_[it->second].bind == STB_LOCAL && img.symtab_[i].bind != STB_LOCAL)
-      it->second = i;
-  };
-  for (size_t i = 0; i < img.symtab_.size(); ++i) {
-    const Symbol& s = img.symtab_[i];
-    if (!defined(s) || s.name.empty() || s.type == STT_SECTION || s.type == STT_FILE) continue;
-    add(s.name, i);
-    // "name@@VER" is the default version of "name"; "name@VER" is not.
-    auto at = s.name.find("@@");
-    if (at != std::string::npos && at > 0) add(std::string_view(s.name).substr(0, at), i);
-  }
 }
 
 Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const std::byte> bytes,
@@ -598,7 +593,6 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
   } else {
     REMORA_TRY_CTX(load_dynamic_symbols(vread, info, *img), "PT_DYNAMIC");
   }
-  build_symtab_index(*img);
   return std::shared_ptr<const ElfImage>(std::move(img));
 }
 
@@ -740,14 +734,103 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::headers_from_memory(uint64_t b
 
 std::string ElfImage::build_id_hex() const { return to_hex(build_id_.data(), build_id_.size()); }
 
+bool ElfImage::SymbolTable::name_is(const RawSymbol& s, std::string_view want) const {
+  // The parser checked that s.name starts a NUL-terminated string, so this
+  // reads no further than that NUL: equal iff the first want.size() bytes
+  // match and the string ends right there (want holds no NUL of its own).
+  const uint64_t room = strings.size() - s.name;  // s.name < strings.size()
+  return want.size() < room && std::memcmp(strings.data() + s.name, want.data(), want.size()) == 0 &&
+         strings[s.name + want.size()] == std::byte{0};
+}
+
+Symbol ElfImage::SymbolTable::symbol(const RawSymbol& s, std::string_view name) const {
+  Symbol out;
+  out.name = std::string(name);
+  out.value = s.value;
+  out.size = s.size;
+  out.type = s.type();
+  out.bind = s.bind();
+  out.shndx = s.shndx;
+  return out;
+}
+
+namespace {
+uint32_t symtab_hash(std::string_view key) {
+  return static_cast<uint32_t>(std::hash<std::string_view>{}(key));
+}
+}  // namespace
+
+const std::vector<ElfImage::SymtabSlot>& ElfImage::symtab_index() const {
+  std::call_once(symtab_index_once_, [this] {
+    // The keys first, in table order, so that the table can be sized to them.
+    std::vector<SymtabSlot> keys;
+    keys.reserve(symtab_.entries.size());
+    auto key = [&](std::string_view k, size_t i) {
+      // Sizes fit in 32 bits: kMaxSymbols entries, kMaxStringTable bytes.
+      keys.push_back({symtab_hash(k), static_cast<uint32_t>(i + 1), static_cast<uint32_t>(k.size())});
+    };
+    for (size_t i = 0; i < symtab_.entries.size(); ++i) {
+      const RawSymbol& s = symtab_.entries[i];
+      const unsigned char type = s.type();
+      if (!s.defined() || type == STT_SECTION || type == STT_FILE) continue;
+      const std::string_view name = symtab_.name(s);
+      if (name.empty()) continue;
+      key(name, i);
+      // "name@@VER" is the default version of "name"; "name@VER" is not.
+      const auto at = name.find("@@");
+      if (at != std::string_view::npos && at > 0) key(name.substr(0, at), i);
+    }
+    size_t capacity = 16;  // a power of two, at least twice the keys
+    while (capacity < 2 * keys.size()) capacity *= 2;
+    std::vector<SymtabSlot>& slots = symtab_index_;
+    slots.assign(capacity, SymtabSlot{});
+    const size_t mask = capacity - 1;
+    // An equal key already present keeps its slot, except that a global or
+    // weak definition beats a file-local one.
+    for (const SymtabSlot& k : keys) {
+      const RawSymbol& incoming = symtab_.entries[k.index - 1];
+      for (size_t pos = k.hash & mask;; pos = (pos + 1) & mask) {
+        SymtabSlot& slot = slots[pos];
+        if (slot.index == 0) {
+          slot = k;
+          break;
+        }
+        if (slot.hash != k.hash || slot.len != k.len) continue;
+        const RawSymbol& held = symtab_.entries[slot.index - 1];
+        if (symtab_.name(held).substr(0, slot.len) != symtab_.name(incoming).substr(0, k.len)) continue;
+        if (held.bind() == STB_LOCAL && incoming.bind() != STB_LOCAL) slot.index = k.index;
+        break;
+      }
+    }
+  });
+  return symtab_index_;
+}
+
+std::optional<Symbol> ElfImage::find_in_symtab(std::string_view name) const {
+  if (symtab_.entries.empty()) return std::nullopt;  // nothing to index
+  const std::vector<SymtabSlot>& slots = symtab_index();
+  const size_t mask = slots.size() - 1;
+  const uint32_t h = symtab_hash(name);
+  for (size_t pos = h & mask;; pos = (pos + 1) & mask) {  // ends: the table is at most half full
+    const SymtabSlot& slot = slots[pos];
+    if (slot.index == 0) return std::nullopt;
+    if (slot.hash != h || slot.len != name.size()) continue;
+    const RawSymbol& s = symtab_.entries[slot.index - 1];
+    if (symtab_.name(s).substr(0, slot.len) == name) return symtab_.symbol(s);
+  }
+}
+
 std::optional<Symbol> ElfImage::find_symbol(std::string_view name) const {
+  // Stored names end at their first NUL, so a name holding one matches
+  // nothing; refusing it here lets name_is compare by length.
+  if (name.find('\0') != std::string_view::npos) return std::nullopt;
   // A match with a hidden version ("name@VER", not the default) is only a
   // fallback: dlsym() returns the default version when there is one.
   std::optional<size_t> hidden_match;
-  auto matches = [&](size_t idx) -> bool {  // true: a default-version match, stop
-    if (idx >= dynsyms_.size()) return false;
-    const Symbol& s = dynsyms_[idx];
-    if (!defined(s) || s.name != name) return false;
+  auto matches = [&](size_t idx) -> bool {            // true: a default-version match, stop
+    if (idx >= dynsym_.entries.size()) return false;  // hash chains are untrusted input
+    const RawSymbol& s = dynsym_.entries[idx];
+    if (!s.defined() || !dynsym_.name_is(s, name)) return false;
     if (idx < dynsym_hidden_.size() && dynsym_hidden_[idx]) {
       if (!hidden_match) hidden_match = idx;
       return false;
@@ -786,7 +869,7 @@ std::optional<Symbol> ElfImage::find_symbol(std::string_view name) const {
       idx = sysv_.chain[idx];
     }
   } else {
-    for (size_t i = 0; i < dynsyms_.size(); ++i) {
+    for (size_t i = 0; i < dynsym_.entries.size(); ++i) {
       if (matches(i)) {
         hit = i;
         break;
@@ -794,25 +877,49 @@ std::optional<Symbol> ElfImage::find_symbol(std::string_view name) const {
     }
   }
   if (!hit) hit = hidden_match;
-  if (hit) return dynsyms_[*hit];
+  if (hit) return dynsym_.symbol(dynsym_.entries[*hit]);
 
-  auto it = symtab_index_.find(name);
-  if (it != symtab_index_.end()) return symtab_[it->second];
-  return std::nullopt;
+  return find_in_symtab(name);
 }
 
 std::vector<Symbol> ElfImage::function_symbols() const {
-  std::vector<Symbol> out;
-  std::set<std::pair<uint64_t, std::string_view>> seen;
-  auto take = [&](const std::vector<Symbol>& table) {
-    for (const Symbol& s : table) {
-      if (!defined(s) || (s.type != STT_FUNC && s.type != STT_GNU_IFUNC)) continue;
-      // .symtab spells versioned definitions "name@@VER"; .dynsym says "name".
-      if (seen.emplace(s.value, unversioned(s.name)).second) out.push_back(s);
-    }
+  // Every defined function in table order (.dynsym, then .symtab), less any
+  // that repeats the address and unversioned name of an earlier one: .symtab
+  // spells versioned definitions "name@@VER" where .dynsym says "name".
+  // Duplicates are found by sorting positions rather than through a set of
+  // names, so that only the Symbols returned allocate.
+  struct Candidate {
+    uint64_t value;
+    std::string_view name, key;  // key: the name without its version
+    const SymbolTable* table;
+    const RawSymbol* sym;
   };
-  take(dynsyms_);
-  take(symtab_);
+  std::vector<Candidate> all;
+  for (const SymbolTable* table : {&dynsym_, &symtab_}) {
+    for (const RawSymbol& s : table->entries) {
+      if (!s.defined() || (s.type() != STT_FUNC && s.type() != STT_GNU_IFUNC)) continue;
+      const std::string_view name = table->name(s);
+      all.push_back({s.value, name, unversioned(name), table, &s});
+    }
+  }
+  std::vector<uint32_t> order(all.size());  // at most 2 * kMaxSymbols
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&all](uint32_t a, uint32_t b) {
+    if (all[a].value != all[b].value) return all[a].value < all[b].value;
+    if (all[a].key != all[b].key) return all[a].key < all[b].key;
+    return a < b;
+  });
+  std::vector<bool> repeat(all.size(), false);
+  for (size_t k = 1; k < order.size(); ++k) {
+    const Candidate& prev = all[order[k - 1]];
+    const Candidate& cur = all[order[k]];
+    if (cur.value == prev.value && cur.key == prev.key) repeat[order[k]] = true;
+  }
+  std::vector<Symbol> out;
+  out.reserve(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!repeat[i]) out.push_back(all[i].table->symbol(*all[i].sym, all[i].name));
+  }
   return out;
 }
 

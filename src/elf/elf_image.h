@@ -87,6 +87,8 @@ class ElfImage {
   // Looks a defined symbol up by name: GNU hash, else SysV hash, else a linear
   // scan of .dynsym; then .symtab when present. Undefined symbols (shndx 0)
   // are never returned. A versioned default ("name@@VER") matches "name".
+  // The first lookup that reaches .symtab builds its index (once; safe when
+  // several threads look up at the same time); .dynsym hits never do.
   std::optional<Symbol> find_symbol(std::string_view name) const;
 
   // All defined function symbols (dynsym and symtab, deduplicated by address).
@@ -115,13 +117,40 @@ class ElfImage {
   std::vector<std::byte> build_id_;
   std::string soname_;
   std::vector<std::string> needed_;
-  // Symbol tables, copied out of the image so the bytes need not be kept.
-  std::vector<Symbol> dynsyms_;  // index order of .dynsym (hash buckets refer to indices)
+  // One symbol-table entry as the file stores it (Elf64_Sym's layout, checked
+  // in the .cc), so that a table is copied out in one piece and no Symbol,
+  // with its heap name, is built until a caller asks for it.
+  struct RawSymbol {
+    uint32_t name = 0;  // offset into the table's strings, checked at parse time
+    unsigned char info = 0, other = 0;
+    uint16_t shndx = 0;
+    uint64_t value = 0, size = 0;
+    unsigned char type() const { return info & 0xf; }  // ELF64_ST_TYPE
+    unsigned char bind() const { return info >> 4; }   // ELF64_ST_BIND
+    bool defined() const { return shndx != 0; }        // SHN_UNDEF is 0
+  };
+  // A symbol table with one copy of its own string table, both copied out of
+  // the image: from_fd unmaps the file after parsing, and a target's memory
+  // is gone once read. The parser checked that every entry's name offset
+  // starts a NUL-terminated string inside `strings`, so the accessors need no
+  // checks that can fail.
+  struct SymbolTable {
+    std::vector<RawSymbol> entries;
+    std::vector<std::byte> strings;
+    std::string_view name(const RawSymbol& s) const {
+      return std::string_view(reinterpret_cast<const char*>(strings.data()) + s.name);
+    }
+    // name(s) == want, for a `want` without NUL bytes (find_symbol refuses those).
+    bool name_is(const RawSymbol& s, std::string_view want) const;
+    Symbol symbol(const RawSymbol& s, std::string_view name) const;
+    Symbol symbol(const RawSymbol& s) const { return symbol(s, name(s)); }
+  };
+  SymbolTable dynsym_;  // index order of .dynsym (hash buckets refer to indices)
   // Per dynsym index: the version is hidden (VERSYM_HIDDEN, a non-default
   // "name@VER"); dlsym() prefers the default version, and so do we.
   std::vector<bool> dynsym_hidden_;
-  std::vector<Symbol> symtab_;  // .symtab, when present
-  // Hash tables over dynsyms_ (either may be empty).
+  SymbolTable symtab_;  // .symtab, when present
+  // Hash tables over dynsym_ (either may be empty).
   struct GnuHash {
     uint32_t symoffset = 0, bloom_shift = 0;
     std::vector<uint64_t> bloom;
@@ -130,7 +159,24 @@ class ElfImage {
   struct SysvHash {
     std::vector<uint32_t> buckets, chain;
   } sysv_;
-  std::unordered_map<std::string_view, size_t> symtab_index_;  // into symtab_
+  // The .symtab lookup index: an open-addressed hash table (linear probing,
+  // at most half full) with one slot per key, a key being a defined, named
+  // entry's name or the "name" of a "name@@VER". Slots, not a node-based map
+  // of string_views, so there is no allocation per key; hashed, not sorted by
+  // name, because sorting a C++ binary's thousands of mangled names (long
+  // shared prefixes) cost more than its whole parse. Built on the first
+  // lookup that reaches .symtab, not at parse time: most images are asked
+  // for a few .dynsym names or only for their headers. The once_flag makes
+  // the build safe for the threads that share a const image.
+  struct SymtabSlot {
+    uint32_t hash = 0;   // of the key
+    uint32_t index = 0;  // 1 + index into symtab_.entries; 0: an empty slot
+    uint32_t len = 0;    // the key is the first `len` bytes of that entry's name
+  };
+  const std::vector<SymtabSlot>& symtab_index() const;
+  std::optional<Symbol> find_in_symtab(std::string_view name) const;
+  mutable std::once_flag symtab_index_once_;
+  mutable std::vector<SymtabSlot> symtab_index_;
 };
 
 // Validates and walks an ELF note area (PT_NOTE contents). Returns the GNU

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <latch>
 #include <random>
 #include <set>
 #include <sstream>
@@ -910,6 +911,242 @@ TEST(ElfNeeded, FromFileAndFromMemory) {
   EXPECT_NE(std::find(needed.begin(), needed.end(), "libc.so.6"), needed.end());
   EXPECT_NE(std::find(needed.begin(), needed.end(), "libstdc++.so.6"), needed.end());
   EXPECT_TRUE((*img)->soname().empty());  // a program has none
+}
+
+}  // namespace
+}  // namespace remora::elf
+
+namespace remora::elf {
+namespace {
+
+// ---------------------------------------------------------------- compact symbol tables
+
+// The section headers of a file image, read by hand for the tests below.
+std::vector<Elf64_Shdr> section_headers(const std::vector<std::byte>& bytes) {
+  const Elf64_Ehdr eh = get_ehdr(bytes);
+  std::vector<Elf64_Shdr> out(eh.e_shnum);
+  if (eh.e_shoff == 0 || eh.e_shoff + out.size() * sizeof(Elf64_Shdr) > bytes.size()) return {};
+  std::memcpy(out.data(), bytes.data() + eh.e_shoff, out.size() * sizeof(Elf64_Shdr));
+  return out;
+}
+
+std::optional<size_t> section_of_type(const std::vector<Elf64_Shdr>& shdrs, uint32_t type) {
+  for (size_t i = 0; i < shdrs.size(); ++i)
+    if (shdrs[i].sh_type == type) return i;
+  return std::nullopt;
+}
+
+// What function_symbols() returned before the symbol tables were stored
+// compactly, written out plainly as the reference: every defined FUNC or
+// IFUNC of .dynsym, then of .symtab, the first of each (address, name
+// without its "@..." version) kept.
+std::vector<Symbol> reference_function_symbols(const std::vector<std::byte>& bytes, bool dynsym_only) {
+  const std::vector<Elf64_Shdr> shdrs = section_headers(bytes);
+  std::vector<Symbol> out;
+  std::set<std::pair<uint64_t, std::string>> seen;
+  for (uint32_t type : {uint32_t{SHT_DYNSYM}, uint32_t{SHT_SYMTAB}}) {
+    if (type == SHT_SYMTAB && dynsym_only) break;
+    auto idx = section_of_type(shdrs, type);
+    if (!idx) continue;
+    const Elf64_Shdr& sh = shdrs[*idx];
+    const Elf64_Shdr& str = shdrs.at(sh.sh_link);
+    const char* strings = reinterpret_cast<const char*>(bytes.data()) + str.sh_offset;
+    for (uint64_t off = sh.sh_offset; off + sizeof(Elf64_Sym) <= sh.sh_offset + sh.sh_size;
+         off += sizeof(Elf64_Sym)) {
+      Elf64_Sym raw;
+      std::memcpy(&raw, bytes.data() + off, sizeof raw);
+      const unsigned char stype = ELF64_ST_TYPE(raw.st_info);
+      if (raw.st_shndx == SHN_UNDEF || (stype != STT_FUNC && stype != STT_GNU_IFUNC)) continue;
+      Symbol s;
+      s.name = strings + raw.st_name;
+      s.value = raw.st_value;
+      s.size = raw.st_size;
+      s.type = stype;
+      s.bind = static_cast<unsigned char>(ELF64_ST_BIND(raw.st_info));
+      s.shndx = raw.st_shndx;
+      if (seen.emplace(s.value, s.name.substr(0, s.name.find('@'))).second) out.push_back(s);
+    }
+  }
+  return out;
+}
+
+void expect_same_symbols(const std::vector<Symbol>& got, const std::vector<Symbol>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("function " + std::to_string(i) + " " + want[i].name);
+    EXPECT_EQ(got[i].name, want[i].name);
+    EXPECT_EQ(got[i].value, want[i].value);
+    EXPECT_EQ(got[i].size, want[i].size);
+    EXPECT_EQ(got[i].type, want[i].type);
+    EXPECT_EQ(got[i].bind, want[i].bind);
+    EXPECT_EQ(got[i].shndx, want[i].shndx);
+  }
+}
+
+// function_symbols() lists what it always did, in the same order, for every
+// fixture and route.
+TEST(ElfCompactTables, FunctionSymbolsMatchReference) {
+  for (const char* path : {REMORA_ELF_FIXTURE_GNU, REMORA_ELF_FIXTURE_SYSV, REMORA_ELF_FIXTURE_BOTH,
+                           REMORA_ELF_FIXTURE_STRIPPED, REMORA_ELF_FIXTURE_VERSIONED}) {
+    SCOPED_TRACE(path);
+    const std::vector<std::byte> bytes = read_file(path);
+    auto full = load_path(path);
+    auto dyn = load_bytes(without_section_headers(bytes));
+    ASSERT_TRUE(full && dyn);
+    expect_same_symbols(full->function_symbols(), reference_function_symbols(bytes, false));
+    expect_same_symbols(dyn->function_symbols(), reference_function_symbols(bytes, true));
+  }
+  // A few entries spelled out: both versions of remora_vfunc (one address
+  // each), .symtab's "name@@VER" spelling kept, file-local functions listed.
+  auto versioned = load_path(REMORA_ELF_FIXTURE_VERSIONED);
+  ASSERT_TRUE(versioned);
+  const std::vector<Symbol> funcs = versioned->function_symbols();
+  auto count = [&](std::string_view name) {
+    return std::count_if(funcs.begin(), funcs.end(), [&](const Symbol& s) { return s.name == name; });
+  };
+  EXPECT_EQ(count("remora_vfunc"), 2);
+  EXPECT_EQ(count("remora_vfunc@@REMORA_V2"), 0);  // same address and name as .dynsym's: deduplicated
+  EXPECT_EQ(count("remora_hfunc@@REMORA_V2"), 1);  // only in .symtab
+  EXPECT_EQ(count("remora_vfunc_v1"), 1);
+  auto v1 = versioned->find_symbol("remora_vfunc_v1");
+  auto v2 = versioned->find_symbol("remora_vfunc_v2");
+  ASSERT_TRUE(v1 && v2);
+  std::set<uint64_t> vfunc_values;
+  for (const Symbol& s : funcs)
+    if (s.name == "remora_vfunc") vfunc_values.insert(s.value);
+  EXPECT_EQ(vfunc_values, (std::set<uint64_t>{v1->value, v2->value}));
+}
+
+// .symtab-only names are found after many .dynsym lookups (which never
+// needed the .symtab index) and agree with a fresh image's first lookup.
+TEST(ElfCompactTables, SymtabLookupAfterManyDynsymLookups) {
+  auto image = load_path(REMORA_ELF_FIXTURE_GNU);
+  auto fresh = load_path(REMORA_ELF_FIXTURE_GNU);
+  ASSERT_TRUE(image && fresh);
+  for (int round = 0; round < 20; ++round) {
+    for (int n = 10; n < 90; ++n) {
+      if (n % 10 > 7) continue;  // F8(n) defines n0..n7
+      const std::string name = "remora_fixture_f" + std::to_string(n);
+      auto sym = image->find_symbol(name);
+      ASSERT_TRUE(sym.has_value()) << name;
+      EXPECT_EQ(sym->name, name);
+      EXPECT_EQ(sym->bind, STB_GLOBAL);
+    }
+    ASSERT_TRUE(image->find_symbol("remora_fixture_add").has_value());
+  }
+  auto local = image->find_symbol("remora_fixture_local_helper");
+  ASSERT_TRUE(local.has_value());
+  EXPECT_EQ(local->name, "remora_fixture_local_helper");
+  EXPECT_EQ(local->bind, STB_LOCAL);
+  EXPECT_EQ(local->type, STT_FUNC);
+  auto fresh_local = fresh->find_symbol("remora_fixture_local_helper");
+  ASSERT_TRUE(fresh_local.has_value());
+  EXPECT_EQ(local->value, fresh_local->value);
+  auto hidden = image->find_symbol("remora_fixture_hidden");
+  ASSERT_TRUE(hidden.has_value());
+  EXPECT_EQ(hidden->value, fresh->find_symbol("remora_fixture_hidden")->value);
+  EXPECT_FALSE(image->find_symbol("remora_fixture_local_helpe").has_value());
+  EXPECT_FALSE(image->find_symbol("remora_fixture_local_helperx").has_value());
+  // A NUL inside the name never matches (stored names end at their NUL).
+  EXPECT_FALSE(image->find_symbol(std::string_view("remora_fixture_add\0x", 20)).has_value());
+  EXPECT_FALSE(image->find_symbol(std::string_view("remora_fixture_local_helper\0", 28)).has_value());
+}
+
+// Many threads look names up in one image at once, the first .symtab lookup
+// (which builds the index) among them; all see the single-threaded answers.
+TEST(ElfCompactTables, ConcurrentLookupsOnOneImage) {
+  const std::vector<std::string> names = {"remora_fixture_local_helper",
+                                          "remora_fixture_hidden",
+                                          "remora_vfunc_v1",
+                                          "remora_vfunc_v2",
+                                          "remora_hfunc",
+                                          "remora_hfunc_impl",
+                                          "remora_vfunc",
+                                          "remora_vother",
+                                          "remora_vfunc@@REMORA_V2",
+                                          "remora_vfunc@REMORA_V1",
+                                          "remora_no_such_name",
+                                          "remora_fixture_add"};
+  auto reference = load_path(REMORA_ELF_FIXTURE_VERSIONED);
+  ASSERT_TRUE(reference);
+  std::vector<std::optional<Symbol>> want;
+  for (const std::string& n : names) want.push_back(reference->find_symbol(n));
+  ASSERT_TRUE(want[0].has_value() || want[2].has_value());  // the fixture has .symtab-only names
+
+  constexpr int kThreads = 8;
+  for (int trial = 0; trial < 20; ++trial) {
+    auto image = load_path(REMORA_ELF_FIXTURE_VERSIONED);  // a fresh image: no index yet
+    ASSERT_TRUE(image);
+    std::latch start(kThreads);
+    std::atomic<int> mismatches{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        // Start together so that several threads reach the lazy index at once.
+        start.arrive_and_wait();
+        for (size_t k = 0; k < names.size(); ++k) {
+          const size_t i = (k + static_cast<size_t>(t)) % names.size();  // a different first name each
+          auto got = image->find_symbol(names[i]);
+          const bool same = got.has_value() == want[i].has_value() &&
+                            (!got || (got->name == want[i]->name && got->value == want[i]->value &&
+                                      got->bind == want[i]->bind));
+          if (!same) mismatches.fetch_add(1);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(mismatches.load(), 0) << "trial " << trial;
+  }
+}
+
+// A symbol whose st_name lies outside its string table, or names a string
+// without a terminating NUL, fails the parse, with the table and the entry
+// in the error, on both routes and in .symtab.
+TEST(ElfCompactTables, BadNameOffsetRefusedAtParse) {
+  const std::vector<std::byte> good = read_file(REMORA_ELF_FIXTURE_GNU);
+  const std::vector<Elf64_Shdr> shdrs = section_headers(good);
+  auto dynsym = section_of_type(shdrs, SHT_DYNSYM);
+  auto symtab = section_of_type(shdrs, SHT_SYMTAB);
+  ASSERT_TRUE(dynsym && symtab);
+  auto set_name = [](std::vector<std::byte>& bytes, const Elf64_Shdr& table, size_t entry, uint32_t name) {
+    std::memcpy(bytes.data() + table.sh_offset + entry * sizeof(Elf64_Sym) + offsetof(Elf64_Sym, st_name),
+                &name, sizeof name);
+  };
+  struct Case {
+    const char* name;
+    size_t table;
+    bool unterminated;  // else: beyond the string table
+    bool no_sections;   // the PT_DYNAMIC route
+    const char* context;
+  };
+  const Case cases[] = {
+      {"dynsym beyond", *dynsym, false, false, ".dynsym entry 3: string offset"},
+      {"dynsym unterminated", *dynsym, true, false, ".dynsym entry 3: string at offset"},
+      {"symtab beyond", *symtab, false, false, ".symtab entry 3: string offset"},
+      {"symtab unterminated", *symtab, true, false, ".symtab entry 3: string at offset"},
+      {"dynamic route beyond", *dynsym, false, true, "dynamic symbol table entry 3: string offset"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::byte> bytes = good;
+    const Elf64_Shdr& table = shdrs[c.table];
+    const Elf64_Shdr& strtab = shdrs[table.sh_link];
+    if (c.unterminated) {
+      // The table's final NUL overwritten: its last string runs off the end.
+      bytes[strtab.sh_offset + strtab.sh_size - 1] = std::byte{'x'};
+      set_name(bytes, table, 3, static_cast<uint32_t>(strtab.sh_size - 1));
+    } else {
+      set_name(bytes, table, 3, static_cast<uint32_t>(strtab.sh_size + 100));
+    }
+    auto r = ElfImage::from_file_bytes(c.no_sections ? without_section_headers(bytes) : bytes);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), Errc::kParse);
+    const std::string msg = r.error().to_string();
+    EXPECT_NE(msg.find(c.context), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.unterminated ? "is not NUL-terminated" : "lies beyond the string table"),
+              std::string::npos)
+        << msg;
+  }
 }
 
 }  // namespace
