@@ -1,7 +1,10 @@
 // The remora command: parses the command line, runs the chosen subcommand and
 // maps its outcome to an exit code (exit_codes.h). Parsing errors exit 1.
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -34,14 +37,24 @@ int main(int argc, char** argv) {
   app.prefix_command();
   app.footer(exit_code_footer());
 
+  // Only the command asked for is built: building all seven (their options,
+  // validators and help texts) took 140 us of a 3 ms `remora attach`. The
+  // root's own flags, a misspelt command or none build them all, for the
+  // help and the error that list them.
+  struct Command {
+    const char* name;
+    void (*add)(CLI::App&, Dispatch&);
+  };
+  static constexpr Command kCommands[] = {{"call", add_call_command},     {"attach", add_attach_command},
+                                          {"detach", add_detach_command}, {"status", add_status_command},
+                                          {"run", add_run_command},       {"events", add_events_command},
+                                          {"report", add_report_command}};
   Dispatch dispatch;
-  add_call_command(app, dispatch);
-  add_attach_command(app, dispatch);
-  add_detach_command(app, dispatch);
-  add_status_command(app, dispatch);
-  add_run_command(app, dispatch);
-  add_events_command(app, dispatch);
-  add_report_command(app, dispatch);
+  const std::string_view asked = argc > 1 ? argv[1] : "";
+  const bool known = std::any_of(std::begin(kCommands), std::end(kCommands),
+                                 [&](const Command& c) { return asked == c.name; });
+  for (const auto& c : kCommands)
+    if (!known || asked == c.name) c.add(app, dispatch);
 
   // CLI11 reports through exceptions; they stop here. The library under us
   // never throws (style.md, "Errors").
