@@ -148,9 +148,22 @@ static_assert(offsetof(LoaderBlock, handle) == REMORA_AARCH64_LOADER_HANDLE);
 static_assert(offsetof(LoaderBlock, tid) == REMORA_AARCH64_LOADER_TID);
 static_assert(offsetof(LoaderBlock, dlerror_fn) == REMORA_AARCH64_LOADER_DLERROR_FN);
 static_assert(offsetof(LoaderBlock, error) == REMORA_AARCH64_LOADER_ERROR);
+static_assert(offsetof(LoaderStart, pthread_create_fn) == REMORA_AARCH64_START_PTHREAD_CREATE_FN);
+static_assert(offsetof(LoaderStart, attr_init_fn) == REMORA_AARCH64_START_ATTR_INIT_FN);
+static_assert(offsetof(LoaderStart, attr_setstack_fn) == REMORA_AARCH64_START_ATTR_SETSTACK_FN);
+static_assert(offsetof(LoaderStart, stack_hint) == REMORA_AARCH64_START_STACK_HINT);
+static_assert(offsetof(LoaderStart, stack_size) == REMORA_AARCH64_START_STACK_SIZE);
+static_assert(offsetof(LoaderStart, attr) == REMORA_AARCH64_START_ATTR);
+static_assert(offsetof(LoaderStart, thread_out) == REMORA_AARCH64_START_THREAD_OUT);
+static_assert(offsetof(LoaderStart, trampoline) == REMORA_AARCH64_START_TRAMPOLINE);
+static_assert(offsetof(LoaderStart, block) == REMORA_AARCH64_START_BLOCK);
+static_assert(offsetof(LoaderStart, stack) == REMORA_AARCH64_START_STACK);
+static_assert(offsetof(LoaderStart, attr_status) == REMORA_AARCH64_START_ATTR_STATUS);
+static_assert(offsetof(LoaderStart, created) == REMORA_AARCH64_START_CREATED);
 static_assert(nr::kRtSigreturn == REMORA_AARCH64_NR_RT_SIGRETURN && nr::kTgkill == REMORA_AARCH64_NR_TGKILL &&
               nr::kGetpid == REMORA_AARCH64_NR_GETPID && nr::kGettid == REMORA_AARCH64_NR_GETTID &&
-              nr::kPrctl == REMORA_AARCH64_NR_PRCTL && nr::kMadvise == REMORA_AARCH64_NR_MADVISE);
+              nr::kPrctl == REMORA_AARCH64_NR_PRCTL && nr::kMadvise == REMORA_AARCH64_NR_MADVISE &&
+              nr::kMmap == REMORA_AARCH64_NR_MMAP);
 
 #if defined(__aarch64__)
 std::array<std::byte, Stub::kSize> stub_code() {

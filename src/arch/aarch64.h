@@ -188,6 +188,7 @@ struct Stub {
   static constexpr uint64_t kMarkedCallEntry = REMORA_AARCH64_STUB_MARKED_CALL_ENTRY;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END;
   static constexpr uint64_t kScratchSetup = REMORA_AARCH64_STUB_SCRATCH_SETUP;
+  static constexpr uint64_t kLoaderStart = REMORA_AARCH64_STUB_LOADER_START;
   static constexpr size_t kSize = REMORA_AARCH64_STUB_SIZE;
 };
 // A copy of the assembled block. Defined on aarch64 hosts only, where the
@@ -196,6 +197,7 @@ std::array<std::byte, Stub::kSize> stub_code();
 
 // The block the thread trampoline works on (arch/loader_block.h).
 using LoaderBlock = arch::LoaderBlock;
+using LoaderStart = arch::LoaderStart;
 
 // The kernel's rt_sigreturn trampoline: `mov x8, #139; svc #0`. glibc for
 // aarch64 has none of its own (the kernel returns from handlers through the

@@ -35,6 +35,10 @@
  *  scratch setup (a function: x0 = base, x1 = size, x2 = name):
  *    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name), then returns
  *    madvise(base, size, MADV_DONTFORK).
+ *  loader start (a function: x0 = a LoaderStart, arch/loader_block.h):
+ *    mmap of the loader thread's stack, pthread_attr_init and
+ *    pthread_attr_setstack naming it, then pthread_create of the thread
+ *    trampoline on it, as x86_64_stub.S's.
  * The scratch is never mapped PROT_BTI, so no entry needs a landing pad;
  * functions the stubs call are entered with `blr`, which their own pads
  * accept.
@@ -158,6 +162,56 @@ remora_aarch64_stub:
   mov x8, #REMORA_AARCH64_NR_MADVISE
   svc #0
   ret
+
+/* ---- loader start: x0 = LoaderStart* (arch/loader_block.h) ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_LOADER_START)
+  stp x29, x30, [sp, #-32]!
+  mov x29, sp
+  stp x19, x20, [sp, #16]                   /* callee-saved */
+  mov x19, x0                               /* x19 = the block */
+  mov x20, #0                               /* x20 = the attr pthread_create gets: NULL until ours is set */
+  ldr x16, [x19, #REMORA_AARCH64_START_ATTR_INIT_FN]
+  cbz x16, 1f                               /* no attr functions: libc's own stack */
+  ldr x0, [x19, #REMORA_AARCH64_START_STACK_HINT]
+  ldr x1, [x19, #REMORA_AARCH64_START_STACK_SIZE]
+  mov x2, #REMORA_AARCH64_STACK_PROT
+  movz x3, #(REMORA_AARCH64_STACK_FLAGS & 0xffff)
+  movk x3, #(REMORA_AARCH64_STACK_FLAGS >> 16), lsl #16
+  mov x4, #-1                               /* fd */
+  mov x5, #0                                /* offset */
+  mov x8, #REMORA_AARCH64_NR_MMAP
+  svc #0
+  str x0, [x19, #REMORA_AARCH64_START_STACK]
+  cmn x0, #4095
+  b.hs 2f                                   /* -errno: no stack, no thread */
+  ldr x0, [x19, #REMORA_AARCH64_START_ATTR]
+  ldr x16, [x19, #REMORA_AARCH64_START_ATTR_INIT_FN]
+  blr x16
+  sxtw x0, w0
+  str x0, [x19, #REMORA_AARCH64_START_ATTR_STATUS]
+  cbnz x0, 1f                               /* refused: libc's own stack then */
+  ldr x0, [x19, #REMORA_AARCH64_START_ATTR]
+  ldr x1, [x19, #REMORA_AARCH64_START_STACK]
+  ldr x2, [x19, #REMORA_AARCH64_START_STACK_SIZE]
+  ldr x16, [x19, #REMORA_AARCH64_START_ATTR_SETSTACK_FN]
+  blr x16
+  sxtw x0, w0
+  str x0, [x19, #REMORA_AARCH64_START_ATTR_STATUS]
+  cbnz x0, 1f
+  ldr x20, [x19, #REMORA_AARCH64_START_ATTR]
+1:
+  ldr x0, [x19, #REMORA_AARCH64_START_THREAD_OUT]
+  mov x1, x20
+  ldr x2, [x19, #REMORA_AARCH64_START_TRAMPOLINE]
+  ldr x3, [x19, #REMORA_AARCH64_START_BLOCK]
+  ldr x16, [x19, #REMORA_AARCH64_START_PTHREAD_CREATE_FN]
+  blr x16
+  sxtw x0, w0
+  str x0, [x19, #REMORA_AARCH64_START_CREATED]
+2:
+  ldp x19, x20, [sp, #16]
+  ldp x29, x30, [sp], #32
+  ret                                       /* pthread_create's result, or mmap's -errno */
 
   REMORA_AT(REMORA_AARCH64_STUB_SIZE)
   .globl remora_aarch64_stub_end

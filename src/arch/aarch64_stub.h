@@ -21,7 +21,8 @@
 #define REMORA_AARCH64_STUB_MARKED_CALL_ENTRY 192
 #define REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END 260  // pc after its rt_sigreturn `svc`
 #define REMORA_AARCH64_STUB_SCRATCH_SETUP 320
-#define REMORA_AARCH64_STUB_SIZE 384
+#define REMORA_AARCH64_STUB_LOADER_START 384
+#define REMORA_AARCH64_STUB_SIZE 576
 
 // Offsets in arch::aarch64::LoaderBlock, the thread trampoline's argument.
 #define REMORA_AARCH64_LOADER_DLOPEN_FN 0x00
@@ -34,6 +35,20 @@
 #define REMORA_AARCH64_LOADER_TID 0x38
 #define REMORA_AARCH64_LOADER_DLERROR_FN 0x40
 #define REMORA_AARCH64_LOADER_ERROR 0x48
+
+// Offsets in arch::LoaderStart, the loader start routine's argument.
+#define REMORA_AARCH64_START_PTHREAD_CREATE_FN 0x00
+#define REMORA_AARCH64_START_ATTR_INIT_FN 0x08
+#define REMORA_AARCH64_START_ATTR_SETSTACK_FN 0x10
+#define REMORA_AARCH64_START_STACK_HINT 0x18
+#define REMORA_AARCH64_START_STACK_SIZE 0x20
+#define REMORA_AARCH64_START_ATTR 0x28
+#define REMORA_AARCH64_START_THREAD_OUT 0x30
+#define REMORA_AARCH64_START_TRAMPOLINE 0x38
+#define REMORA_AARCH64_START_BLOCK 0x40
+#define REMORA_AARCH64_START_STACK 0x48
+#define REMORA_AARCH64_START_ATTR_STATUS 0x50
+#define REMORA_AARCH64_START_CREATED 0x58
 
 // Where x7 of the resume state sits in the restore frame, from the frame's
 // start (the rt_sigframe: siginfo, then the ucontext whose uc_mcontext.regs
@@ -51,11 +66,16 @@
 #define REMORA_AARCH64_NR_GETTID 178
 #define REMORA_AARCH64_NR_PRCTL 167
 #define REMORA_AARCH64_NR_MADVISE 233
+#define REMORA_AARCH64_NR_MMAP 222
 
 // prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, ...) and madvise(MADV_DONTFORK).
 #define REMORA_AARCH64_PR_SET_VMA 0x53564d41
 #define REMORA_AARCH64_PR_SET_VMA_ANON_NAME 0
 #define REMORA_AARCH64_MADV_DONTFORK 10
+// The loader stack's mmap: PROT_READ | PROT_WRITE, and MAP_PRIVATE |
+// MAP_ANONYMOUS | MAP_STACK (asm-generic/mman*.h).
+#define REMORA_AARCH64_STACK_PROT 0x3
+#define REMORA_AARCH64_STACK_FLAGS 0x20022
 
 #if defined(__cplusplus) && defined(__aarch64__)
 extern "C" __attribute__((visibility("hidden")))

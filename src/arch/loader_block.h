@@ -1,8 +1,8 @@
-// The block the thread trampoline of each architecture's stub works on (in
-// target memory; arch/x86_64_stub.S, arch/aarch64_stub.S): the same fields
-// at the same offsets on every architecture, which each stub header spells
-// out for its assembler and each architecture's .cc checks against this
-// struct at compile time.
+// The blocks the thread trampoline and the loader start of each
+// architecture's stub work on (in target memory; arch/x86_64_stub.S,
+// arch/aarch64_stub.S): the same fields at the same offsets on every
+// architecture, which each stub header spells out for its assembler and each
+// architecture's .cc checks against these structs at compile time.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +22,28 @@ struct LoaderBlock {
   uint64_t error;              // 0x48: dlerror()'s result
 };
 static_assert(sizeof(LoaderBlock) == 0x50);
+
+// What the loader start routine does, in one call on the interrupted thread
+// (instead of one remote call each): maps the loader thread's own stack,
+// names it in a pthread_attr_t, and starts the thread trampoline on it with
+// pthread_create. With attr_init_fn 0 it maps nothing and the thread gets
+// libc's own stack. The routine returns pthread_create's result, or mmap's
+// -errno when the stack could not be mapped (then no thread was started:
+// `created` keeps the value the controller wrote).
+struct LoaderStart {
+  uint64_t pthread_create_fn;  // 0x00
+  uint64_t attr_init_fn;       // 0x08: pthread_attr_init, or 0: libc's stack
+  uint64_t attr_setstack_fn;   // 0x10: pthread_attr_setstack
+  uint64_t stack_hint;         // 0x18: mmap's address hint (never MAP_FIXED)
+  uint64_t stack_size;         // 0x20
+  uint64_t attr;               // 0x28: room for a pthread_attr_t (64 bytes)
+  uint64_t thread_out;         // 0x30: where pthread_create stores the pthread_t
+  uint64_t trampoline;         // 0x38: the thread's start routine
+  uint64_t block;              // 0x40: its LoaderBlock
+  uint64_t stack;              // 0x48: out: mmap's result (an address or -errno)
+  uint64_t attr_status;        // 0x50: out: the first non-zero result of the two attr calls, or 0
+  uint64_t created;            // 0x58: out: pthread_create's result (sign-extended)
+};
+static_assert(sizeof(LoaderStart) == 0x60);
 
 }  // namespace remora::arch

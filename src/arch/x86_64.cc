@@ -105,10 +105,22 @@ static_assert(offsetof(LoaderBlock, handle) == REMORA_X86_64_LOADER_HANDLE);
 static_assert(offsetof(LoaderBlock, tid) == REMORA_X86_64_LOADER_TID);
 static_assert(offsetof(LoaderBlock, dlerror_fn) == REMORA_X86_64_LOADER_DLERROR_FN);
 static_assert(offsetof(LoaderBlock, error) == REMORA_X86_64_LOADER_ERROR);
+static_assert(offsetof(LoaderStart, pthread_create_fn) == REMORA_X86_64_START_PTHREAD_CREATE_FN);
+static_assert(offsetof(LoaderStart, attr_init_fn) == REMORA_X86_64_START_ATTR_INIT_FN);
+static_assert(offsetof(LoaderStart, attr_setstack_fn) == REMORA_X86_64_START_ATTR_SETSTACK_FN);
+static_assert(offsetof(LoaderStart, stack_hint) == REMORA_X86_64_START_STACK_HINT);
+static_assert(offsetof(LoaderStart, stack_size) == REMORA_X86_64_START_STACK_SIZE);
+static_assert(offsetof(LoaderStart, attr) == REMORA_X86_64_START_ATTR);
+static_assert(offsetof(LoaderStart, thread_out) == REMORA_X86_64_START_THREAD_OUT);
+static_assert(offsetof(LoaderStart, trampoline) == REMORA_X86_64_START_TRAMPOLINE);
+static_assert(offsetof(LoaderStart, block) == REMORA_X86_64_START_BLOCK);
+static_assert(offsetof(LoaderStart, stack) == REMORA_X86_64_START_STACK);
+static_assert(offsetof(LoaderStart, attr_status) == REMORA_X86_64_START_ATTR_STATUS);
+static_assert(offsetof(LoaderStart, created) == REMORA_X86_64_START_CREATED);
 // (tgkill, 234, is not in nr:: yet; the stub's own table names it.)
 static_assert(nr::kRtSigreturn == REMORA_X86_64_NR_RT_SIGRETURN && nr::kMadvise == REMORA_X86_64_NR_MADVISE &&
               nr::kGetpid == REMORA_X86_64_NR_GETPID && nr::kPrctl == REMORA_X86_64_NR_PRCTL &&
-              nr::kGettid == REMORA_X86_64_NR_GETTID);
+              nr::kGettid == REMORA_X86_64_NR_GETTID && nr::kMmap == REMORA_X86_64_NR_MMAP);
 
 #if defined(__x86_64__)
 // Only where x86_64_stub.S is assembled (src/arch/CMakeLists.txt): the arch

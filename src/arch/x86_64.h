@@ -160,6 +160,7 @@ struct Stub {
   static constexpr uint64_t kMarkedCallEntry = REMORA_X86_64_STUB_MARKED_CALL_ENTRY;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = REMORA_X86_64_STUB_MARKED_CALL_RETURN_SYSCALL_END;
   static constexpr uint64_t kScratchSetup = REMORA_X86_64_STUB_SCRATCH_SETUP;
+  static constexpr uint64_t kLoaderStart = REMORA_X86_64_STUB_LOADER_START;
   static constexpr size_t kSize = REMORA_X86_64_STUB_SIZE;
 };
 // A copy of the assembled block. Defined on x86_64 hosts only, where the
@@ -168,6 +169,7 @@ std::array<std::byte, Stub::kSize> stub_code();
 
 // The block the thread trampoline works on (arch/loader_block.h).
 using LoaderBlock = arch::LoaderBlock;
+using LoaderStart = arch::LoaderStart;
 
 // glibc's __restore_rt (the sa_restorer it installs): mov $15,%rax; syscall.
 inline constexpr std::array<uint8_t, 9> kRestoreRtPattern = {0x48, 0xc7, 0xc0, 0x0f, 0x00,

@@ -51,6 +51,11 @@
  *    madvise(base, size, MADV_DONTFORK). Run once as the marked call that
  *    completes a new scratch mapping: two system calls that would otherwise
  *    cost two ptrace stops each.
+ *  loader start (a function: rdi = a LoaderStart, arch/loader_block.h):
+ *    mmap of the loader thread's stack, pthread_attr_init and
+ *    pthread_attr_setstack naming it, then pthread_create of the thread
+ *    trampoline on it; the intermediate results go into the block. One marked
+ *    call where there were four remote calls.
  */
 #include "arch/x86_64_stub.h"
 
@@ -179,6 +184,56 @@ remora_x86_64_stub:
   mov $REMORA_X86_64_NR_MADVISE, %eax
   syscall
   ret                                  /* madvise's result */
+
+/* ---- loader start: a function (rdi = LoaderStart*; arch/loader_block.h) ----
+ * Entered with the ABI's call alignment (rsp = 8 mod 16). */
+  REMORA_AT(REMORA_X86_64_STUB_LOADER_START)
+  push %rbx
+  push %r12
+  sub $8, %rsp                         /* rsp 16-byte aligned for the calls */
+  mov %rdi, %rbx                       /* rbx = the block */
+  xor %r12d, %r12d                     /* r12 = the attr pthread_create gets: NULL until ours is set */
+  cmpq $0, REMORA_X86_64_START_ATTR_INIT_FN(%rbx)
+  je .Lstart_create                    /* no attr functions: libc's own stack */
+  mov REMORA_X86_64_START_STACK_HINT(%rbx), %rdi
+  mov REMORA_X86_64_START_STACK_SIZE(%rbx), %rsi
+  mov $REMORA_X86_64_STACK_PROT, %edx
+  mov $REMORA_X86_64_STACK_FLAGS, %r10d
+  mov $-1, %r8                         /* fd */
+  xor %r9d, %r9d                       /* offset */
+  mov $REMORA_X86_64_NR_MMAP, %eax
+  syscall
+  mov %rax, REMORA_X86_64_START_STACK(%rbx)
+  cmp $-4095, %rax
+  jae .Lstart_out                      /* -errno: no stack, no thread */
+  mov REMORA_X86_64_START_ATTR(%rbx), %rdi
+  call *REMORA_X86_64_START_ATTR_INIT_FN(%rbx)
+  movslq %eax, %rax
+  mov %rax, REMORA_X86_64_START_ATTR_STATUS(%rbx)
+  test %rax, %rax
+  jne .Lstart_create                   /* refused: libc's own stack then */
+  mov REMORA_X86_64_START_ATTR(%rbx), %rdi
+  mov REMORA_X86_64_START_STACK(%rbx), %rsi
+  mov REMORA_X86_64_START_STACK_SIZE(%rbx), %rdx
+  call *REMORA_X86_64_START_ATTR_SETSTACK_FN(%rbx)
+  movslq %eax, %rax
+  mov %rax, REMORA_X86_64_START_ATTR_STATUS(%rbx)
+  test %rax, %rax
+  jne .Lstart_create
+  mov REMORA_X86_64_START_ATTR(%rbx), %r12
+.Lstart_create:
+  mov REMORA_X86_64_START_THREAD_OUT(%rbx), %rdi
+  mov %r12, %rsi
+  mov REMORA_X86_64_START_TRAMPOLINE(%rbx), %rdx
+  mov REMORA_X86_64_START_BLOCK(%rbx), %rcx
+  call *REMORA_X86_64_START_PTHREAD_CREATE_FN(%rbx)
+  movslq %eax, %rax
+  mov %rax, REMORA_X86_64_START_CREATED(%rbx)
+.Lstart_out:
+  add $8, %rsp
+  pop %r12
+  pop %rbx
+  ret                                  /* pthread_create's result, or mmap's -errno */
 
   REMORA_AT(REMORA_X86_64_STUB_SIZE)
   .globl remora_x86_64_stub_end

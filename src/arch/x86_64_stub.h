@@ -21,7 +21,8 @@
 #define REMORA_X86_64_STUB_MARKED_CALL_ENTRY 128
 #define REMORA_X86_64_STUB_MARKED_CALL_RETURN_SYSCALL_END 183  // rip after its rt_sigreturn
 #define REMORA_X86_64_STUB_SCRATCH_SETUP 192
-#define REMORA_X86_64_STUB_SIZE 256
+#define REMORA_X86_64_STUB_LOADER_START 256
+#define REMORA_X86_64_STUB_SIZE 512
 
 // Offsets in arch::x86_64::LoaderBlock, the thread trampoline's argument.
 #define REMORA_X86_64_LOADER_DLOPEN_FN 0x00
@@ -35,7 +36,22 @@
 #define REMORA_X86_64_LOADER_DLERROR_FN 0x40
 #define REMORA_X86_64_LOADER_ERROR 0x48
 
+// Offsets in arch::LoaderStart, the loader start routine's argument.
+#define REMORA_X86_64_START_PTHREAD_CREATE_FN 0x00
+#define REMORA_X86_64_START_ATTR_INIT_FN 0x08
+#define REMORA_X86_64_START_ATTR_SETSTACK_FN 0x10
+#define REMORA_X86_64_START_STACK_HINT 0x18
+#define REMORA_X86_64_START_STACK_SIZE 0x20
+#define REMORA_X86_64_START_ATTR 0x28
+#define REMORA_X86_64_START_THREAD_OUT 0x30
+#define REMORA_X86_64_START_TRAMPOLINE 0x38
+#define REMORA_X86_64_START_BLOCK 0x40
+#define REMORA_X86_64_START_STACK 0x48
+#define REMORA_X86_64_START_ATTR_STATUS 0x50
+#define REMORA_X86_64_START_CREATED 0x58
+
 // The system calls the stubs make (arch::x86_64::nr).
+#define REMORA_X86_64_NR_MMAP 9
 #define REMORA_X86_64_NR_RT_SIGRETURN 15
 #define REMORA_X86_64_NR_MADVISE 28
 #define REMORA_X86_64_NR_GETPID 39
@@ -49,6 +65,10 @@
 #define REMORA_X86_64_PR_SET_VMA 0x53564d41
 #define REMORA_X86_64_PR_SET_VMA_ANON_NAME 0
 #define REMORA_X86_64_MADV_DONTFORK 10
+// The loader stack's mmap: PROT_READ | PROT_WRITE, and MAP_PRIVATE |
+// MAP_ANONYMOUS | MAP_STACK (asm-generic/mman*.h).
+#define REMORA_X86_64_STACK_PROT 0x3
+#define REMORA_X86_64_STACK_FLAGS 0x20022
 
 #if defined(__cplusplus) && defined(__x86_64__)
 // The assembled block, linked into remora_arch (and, as its own object of

@@ -520,54 +520,70 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
   }
 }
 
-// Runs Remora's thread trampoline on a fresh thread of the target, on
-// `run.block` (written at run.block_at by this function, its other fields
-// filled in by the caller), and waits for the thread to have left our
-// scratch code for good. `thread_out` receives the new pthread_t.
+// The loader thread's own stack (start_loader_thread).
 constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 
-// Maps the loader thread's stack (1 MiB, read-write), asking for the range
-// right below `below` (our scratch mapping): as a hint only, never
-// MAP_FIXED, so it can never land on anything of the target's, and with the
-// flags it always had (a seccomp filter that looks at mmap's flags, as
-// Chromium's does, sees nothing new). When the kernel takes the hint, the
-// stack and the scratch are one range: the agent's attach call removes the
-// retired scratch anyway and then takes the stack with it, one remote
-// munmap fewer (about 120 us; see ensure_agent). Elsewhere, the stack is
-// removed by itself, as before. Returns its address.
-Result<uint64_t> map_loader_stack(remote::Target& t, uint64_t below) {
-  const uint64_t hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
-  const uint64_t margs[] = {hint,
-                            kLoaderStackSize,
-                            PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
-                            static_cast<uint64_t>(-1),
-                            0};
-  auto m = REMORA_TRY_CTX(t.syscall(x::nr::kMmap, margs), "map the loader thread's stack");
-  const auto v = static_cast<int64_t>(m.value);
-  if (v < 0 && v > -4096)
-    return Error(Errc::kIo, "mmap of the loader thread's stack failed in the target", static_cast<int>(-v));
-  return m.value;
-}
-
-// A stack for the loader thread, mapped by us: glibc keeps the stacks it
-// allocates itself in its stack cache once their thread exits, a mapping
-// that would outlive an unload. Held by `stack` (removed by the handle once
-// the thread is gone). Returns the pthread_attr_t (in scratch session
-// memory) that names it; 0 (libc's own stack) when this libc lacks the
-// functions.
-Result<uint64_t> loader_stack(remote::Target& t, const LoaderRun& run, remote::RemoteHandle* stack) {
-  if (run.stack_fns[0].null() || run.stack_fns[1].null()) return 0;
-  const uint64_t at = REMORA_TRY(map_loader_stack(t, t.scratch_address().value_or(0)));
-  *stack = remote::RemoteHandle::mapping(t, remote::Target::Mapping{RemoteAddr(at), kLoaderStackSize});
-  auto attr = REMORA_TRY(t.scratch_alloc(64));  // sizeof(pthread_attr_t) is 56 on x86_64 and aarch64
-  CallArg init[] = {CallArg::integer(attr.addr())};
-  auto i = REMORA_TRY_CTX(t.call(run.stack_fns[0], init), "pthread_attr_init");
-  CallArg set[] = {CallArg::integer(attr.addr()), CallArg::integer(at), CallArg::integer(kLoaderStackSize)};
-  auto st = REMORA_TRY_CTX(t.call(run.stack_fns[1], set), "pthread_attr_setstack");
-  if (i.value != 0 || st.value != 0) return 0;  // refused: libc's own stack then
+// Starts the loader thread: one call of the stub's loader start routine
+// (arch/loader_block.h), which maps the thread's own stack, names it in a
+// pthread_attr_t and runs pthread_create of the trampoline on it. One marked
+// call where the mmap, pthread_attr_init, pthread_attr_setstack and
+// pthread_create were four remote calls (about 150 us of a 1.4 ms first
+// attach; docs/benchmarks.md).
+//
+// The stack (1 MiB, read-write) is ours, not glibc's: glibc keeps the stacks
+// it allocates itself in its stack cache once their thread exits, a mapping
+// that would outlive an unload. It is held by `stack` (removed by the handle
+// once the thread is gone); without pthread_attr_setstack in this libc, or
+// when the attr calls refuse, the thread runs on libc's own stack instead.
+// The stack's address is asked for right below our scratch mapping: as a
+// hint only, never MAP_FIXED, so it can never land on anything of the
+// target's, and with the flags it always had (a seccomp filter that looks at
+// mmap's flags, as Chromium's does, sees nothing new). When the kernel takes
+// the hint, the stack and the scratch are one range: the agent's attach call
+// removes the retired scratch anyway and takes the stack with it (see
+// ensure_agent).
+Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn, const LoaderRun& run,
+                                 uint64_t thread_out, remote::RemoteHandle* stack) {
+  const auto fn = REMORA_TRY(t.loader_start());
+  const auto tramp = REMORA_TRY(t.thread_trampoline());
+  // The block, then room for the pthread_attr_t (56 bytes on x86_64 and aarch64).
+  const auto mem = REMORA_TRY(t.scratch_alloc(sizeof(x::LoaderStart) + 64));
+  const uint64_t below = t.scratch_address().value_or(0);
+  x::LoaderStart ls{};
+  ls.pthread_create_fn = pthread_create_fn.addr();
+  if (!run.stack_fns[0].null() && !run.stack_fns[1].null()) {
+    ls.attr_init_fn = run.stack_fns[0].addr();
+    ls.attr_setstack_fn = run.stack_fns[1].addr();
+  }
+  ls.stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
+  ls.stack_size = kLoaderStackSize;
+  ls.attr = mem.addr() + sizeof ls;
+  ls.thread_out = thread_out;
+  ls.trampoline = tramp.addr();
+  ls.block = run.block_at;
+  ls.created = ~uint64_t{0};  // stays so unless pthread_create ran
+  REMORA_TRY(t.write(mem, std::as_bytes(std::span(&ls, 1))));
+  CallArg args[] = {CallArg::integer(mem.addr())};
+  auto rc = t.call(fn, args);
+  x::LoaderStart out{};
+  const bool have_out = t.read(mem, std::as_writable_bytes(std::span(&out, 1))).ok();
+  const auto stack_v = static_cast<int64_t>(out.stack);
+  if (have_out && ls.attr_init_fn != 0 && out.stack != 0 && !(stack_v < 0 && stack_v > -4096)) {
+    *stack =
+        remote::RemoteHandle::mapping(t, remote::Target::Mapping{RemoteAddr(out.stack), kLoaderStackSize});
+    // A thread may run on it (the call's end was lost after pthread_create):
+    // leaking the stack is the lesser harm.
+    if (!rc && out.created != ~uint64_t{0}) stack->release();
+  }
+  if (!rc) return std::move(rc).error().with_context("start the loader thread");
+  if (!have_out) return Error(Errc::kIo, "the loader start block could not be read back from the target");
+  if (ls.attr_init_fn != 0 && stack_v < 0 && stack_v > -4096)
+    return Error(Errc::kIo, "mmap of the loader thread's stack failed in the target",
+                 static_cast<int>(-stack_v));
+  if (out.created != 0)
+    return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(out.created));
   // (No pthread_attr_destroy: an attribute that names no CPU set holds nothing.)
-  return attr.addr();
+  return ok();
 }
 
 // Runs Remora's thread trampoline on a fresh thread of the target, on
@@ -580,18 +596,11 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
                                    uint64_t thread_out, const Deadline& deadline,
                                    remote::RemoteHandle* stack_out = nullptr) {
   REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
-  auto tramp = REMORA_TRY(t.thread_trampoline());
   remote::RemoteHandle stack;
-  REMORA_LOG(kAttach, "pid %d: trampoline ready", t.pid());
-  const uint64_t attr = REMORA_TRY(loader_stack(t, run, &stack));
   run.before = procfs::list_tasks(t.pid());
-  CallArg args[] = {CallArg::integer(thread_out), CallArg::integer(attr), CallArg::integer(tramp.addr()),
-                    CallArg::integer(run.block_at)};
   REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
-  auto created = REMORA_TRY_CTX(t.call(pthread_create_fn, args), "start the loader thread");
+  REMORA_TRY(start_loader_thread(t, pthread_create_fn, run, thread_out, &stack));
   REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
-  if (created.value != 0)
-    return Error(Errc::kIo, "pthread_create failed in the target", static_cast<int>(created.value));
   auto keep_stack = [&](Error e) {
     stack.release();  // the thread may still run on it: leaking it is the lesser harm
     return e;
@@ -972,7 +981,7 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
   REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
   loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true));
   if (auto m = t.take_retired_scratch()) {
-    // The loader's stack right below the scratch (map_loader_stack): one
+    // The loader's stack right below the scratch (start_loader_thread): one
     // range, removed within the attach call with the scratch.
     const auto st = stack.mapping();
     if (st.size != 0 && st.start.addr() + st.size == m->start.addr()) {

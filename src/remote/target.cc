@@ -126,6 +126,12 @@ Result<RemoteAddr> Target::thread_trampoline(const CallOptions& opts) {
   return RemoteAddr(*impl_->scratch + a::Stub::kThreadTrampoline);
 }
 
+Result<RemoteAddr> Target::loader_start(const CallOptions& opts) {
+  std::lock_guard lock(impl_->mu);
+  REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
+  return RemoteAddr(*impl_->scratch + a::Stub::kLoaderStart);
+}
+
 Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data_size, bool remove_own) {
   std::optional<uint64_t> own;
   {

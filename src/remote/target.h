@@ -170,6 +170,10 @@ class Target {
   // Address of the thread trampoline in the scratch code (see
   // arch::x86_64::Stub::kThreadTrampoline); creates the scratch if needed.
   Result<RemoteAddr> thread_trampoline(const CallOptions& opts = {});
+  // Address of the loader start routine in the scratch code (a function of
+  // one argument, an arch::LoaderStart: arch/loader_block.h); creates the
+  // scratch if needed.
+  Result<RemoteAddr> loader_start(const CallOptions& opts = {});
 
   // Uses code and data that already exist in the target (the agent's
   // exported remora_agent_stub and remora_agent_scratch) instead of a scratch
