@@ -254,7 +254,14 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
                        (lib.deleted ? "; the mapped file was deleted" : ""));
     return image;
   };
-  elf::ImageCache::Key key{lib.dev, lib.inode, mem_build_id};
+  // A memfd's identity is new in every process (Remora's agent and tools
+  // reach containers as memfds: remote/visible_file.h), so (device, inode)
+  // would never hit and a tree of 32 would read the same image from memory
+  // 32 times. Its Build ID names its contents: two memfds with the same one
+  // hold the same build. (Without a Build ID: per memfd, as before.)
+  const bool by_build_id = is_memfd(lib.path) && !mem_build_id.empty();
+  elf::ImageCache::Key key = by_build_id ? elf::ImageCache::Key{0, 0, "memfd:" + mem_build_id}
+                                         : elf::ImageCache::Key{lib.dev, lib.inode, mem_build_id};
   auto image = REMORA_TRY(elf::ImageCache::global().get_or_load(key, loader));
 
   // The bias: from the header mapping, confirmed by the executable mapping.
@@ -308,6 +315,19 @@ Result<ResolvedSymbol> lookup_in(pid_t pid, const Memory& mem, const MappedLibra
 
 }  // namespace
 
+Result<ResolvedSymbol> resolve_in_library(pid_t pid, const Memory& mem, const MappedLibrary& lib,
+                                          std::string_view symbol, const LookupOptions& opts, bool want_code,
+                                          ImageMemo* memo) {
+  if (symbol.empty()) return Error(Errc::kInvalidArgument, "empty symbol name");
+  bool found = false;
+  auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, want_code, &found, memo));
+  if (!found)
+    return Error(Errc::kSymbolNotFound, "symbol '" + std::string(symbol) + "' is not defined in " + lib.path +
+                                            " (searched .dynsym and .symtab); check the spelling, or whether "
+                                            "it is a C++ name that needs its mangled form");
+  return r;
+}
+
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
                                       std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,
                                       bool want_code, const std::vector<procfs::MapEntry>* given_maps,
@@ -319,13 +339,7 @@ Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_
   bool found = false;
   if (!library.empty()) {
     auto lib = REMORA_TRY(find_library(pid, maps, library));
-    auto r = REMORA_TRY(lookup_in(pid, mem, lib, symbol, opts, want_code, &found, memo));
-    if (!found)
-      return Error(Errc::kSymbolNotFound,
-                   "symbol '" + std::string(symbol) + "' is not defined in " + lib.path +
-                       " (searched .dynsym and .symtab); check the spelling, or whether "
-                       "it is a C++ name that needs its mangled form");
-    return r;
+    return resolve_in_library(pid, mem, lib, symbol, opts, want_code, memo);
   }
   std::vector<MappedLibrary> order;
   if (auto main = library_at(pid, maps, main_phdr)) order.push_back(*main);

@@ -88,6 +88,12 @@ using ImageMemo = std::map<std::tuple<uint64_t, uint64_t, uint64_t>, LoadedImage
 // load_image, through `memo` when given.
 Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory& mem,
                                const LookupOptions& opts, ImageMemo* memo);
+// `symbol` in one library already found by find_library, as resolve_symbol
+// would resolve it there: for a series of lookups in one library, which then
+// go through the maps once (a large process has thousands of mappings).
+Result<ResolvedSymbol> resolve_in_library(pid_t pid, const Memory& mem, const MappedLibrary& lib,
+                                          std::string_view symbol, const LookupOptions& opts,
+                                          bool want_code = true, ImageMemo* memo = nullptr);
 // `maps`: the maps just read (nullptr: read them); `memo`: optional.
 Result<ResolvedSymbol> resolve_symbol(pid_t pid, const Memory& mem, std::string_view library,
                                       std::string_view symbol, uint64_t main_phdr, const LookupOptions& opts,

@@ -598,6 +598,12 @@ Result<void> Guard::before_seize(pid_t pid, pid_t tid) {
   return strict_mode_error(tid);
 }
 
+void Guard::note_status(pid_t tid, int seccomp_mode) {
+  Thread& t = threads_[tid];
+  t.mode = seccomp_mode;
+  t.read = std::chrono::steady_clock::now();
+}
+
 bool Guard::filtered(pid_t tid) const {
   auto it = threads_.find(tid);
   return it != threads_.end() && (it->second.mode == SECCOMP_MODE_FILTER || it->second.has_filters);

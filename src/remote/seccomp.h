@@ -177,6 +177,9 @@ class Guard {
   // Whether `tid` is in strict mode: a fresh read of its status (false
   // when it cannot be read). For the choice of a thread.
   static bool is_strict(pid_t pid, pid_t tid);
+  // A status of `tid` the caller has just read (its Seccomp line): the next
+  // before_seize within 250 ms uses it instead of reading its own.
+  void note_status(pid_t tid, int seccomp_mode);
 
   // In a transaction, `tid` stopped by us and nothing changed yet: reads
   // the filters and checks `plan` (check). Unreadable filters (not

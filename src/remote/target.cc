@@ -7,6 +7,7 @@
 
 #include <elf.h>
 #include <fcntl.h>
+#include <linux/seccomp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
@@ -199,15 +200,19 @@ Result<void> Target::write(RemoteAddr addr, std::span<const std::byte> in) {
 
 // One lookup, with the maps the caller read (IFUNC resolution may re-read them).
 Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_view symbol, bool function,
-                                        std::vector<procfs::MapEntry>& maps) {
+                                        std::vector<procfs::MapEntry>& maps, const MappedLibrary* lib) {
   // Built only on an error: a cache hit is the common case.
   auto ctx = [&] {
     return std::string("find ") + (function ? "" : "variable ") + std::string(symbol) + " in " +
            process_str(pid, ns_pid);
   };
+  auto resolve = [&](bool want_code) {
+    return lib ? resolve_in_library(pid, mem, *lib, symbol, lookup_options, want_code, &images)
+               : resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, want_code, &maps,
+                                &images);
+  };
   if (!function) {
-    auto sym = REMORA_TRY_CTX(
-        resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, false, &maps, &images), ctx());
+    auto sym = REMORA_TRY_CTX(resolve(false), ctx());
     return RemoteAddr(sym.address);
   }
   auto key = std::make_pair(std::string(library), std::string(symbol));
@@ -222,8 +227,7 @@ Result<RemoteAddr> Target::Impl::lookup(std::string_view library, std::string_vi
       return RemoteAddr(it->second.address);
     symbols.erase(it);
   }
-  auto sym = REMORA_TRY_CTX(
-      resolve_symbol(pid, mem, library, symbol, at_phdr, lookup_options, true, &maps, &images), ctx());
+  auto sym = REMORA_TRY_CTX(resolve(true), ctx());
   uint64_t address = sym.address;
   if (sym.ifunc) {
     // An IFUNC symbol (strlen, memcpy...) is a resolver that returns the
@@ -270,10 +274,19 @@ Result<std::vector<RemoteAddr>> Target::find_symbols(std::string_view library,
                                                      std::span<const SymbolQuery> queries) {
   std::lock_guard lock(impl_->mu);
   auto maps = REMORA_TRY(impl_->maps_for_lookup());
+  // The library once for the whole series, not once per symbol.
+  std::optional<MappedLibrary> lib;
+  if (!library.empty() && !queries.empty()) {
+    auto found = find_library(pid_, maps, library);
+    if (!found)
+      return std::move(found).error().with_context("find " + std::string(queries[0].name) + " in " +
+                                                   process_str(pid_, ns_pid_));
+    lib = std::move(*found);
+  }
   std::vector<RemoteAddr> out;
   out.reserve(queries.size());
   for (const auto& q : queries) {
-    auto addr = impl_->lookup(library, q.name, q.function, maps);
+    auto addr = impl_->lookup(library, q.name, q.function, maps, lib ? &*lib : nullptr);
     if (!addr && !q.required && addr.error().code() == Errc::kSymbolNotFound) {
       out.emplace_back();
       continue;
@@ -381,10 +394,15 @@ Result<void> Target::close() {
 
 Result<pid_t> Target::Impl::pick_thread() {
   // Reuse the last good thread while it still sleeps in a syscall: reading
-  // every thread's state costs two /proc reads per thread.
+  // every thread's state costs two /proc reads per thread. Its status says
+  // both its state and its seccomp mode (a strict-mode thread can run no
+  // code of ours), and serves the seize's own check that follows.
+  bool strict_seen = false;
   auto score = [&](pid_t tid) -> int {
-    auto st = procfs::read_stat(pid, tid);
+    auto st = procfs::read_status(pid, tid);
     if (!st) return -1;
+    seccomp_guard.note_status(tid, st->seccomp);
+    strict_seen = st->seccomp == SECCOMP_MODE_STRICT;
     switch (st->state) {
       case 'S': {
         auto sc = procfs::read_syscall(pid, tid);
@@ -407,8 +425,8 @@ Result<pid_t> Target::Impl::pick_thread() {
   int best_score = -1;
   for (pid_t tid : tasks) {
     int s = score(tid);
-    if (s > best_score && seccomp::Guard::is_strict(pid, tid)) {
-      strict = tid;  // a strict-mode thread can run no code of ours
+    if (s > best_score && strict_seen) {
+      strict = tid;
       continue;
     }
     if (s > best_score) {

@@ -115,8 +115,9 @@ struct Target::Impl {
   Result<Gadgets> find_gadgets();
   Result<pid_t> pick_thread();
   Result<std::vector<procfs::MapEntry>> maps_for_lookup();
+  // `lib`: `library` already found in `maps` (find_symbols' series), or null.
   Result<RemoteAddr> lookup(std::string_view library, std::string_view symbol, bool function,
-                            std::vector<procfs::MapEntry>& maps);
+                            std::vector<procfs::MapEntry>& maps, const MappedLibrary* lib = nullptr);
   int choose_marker(uint64_t blocked);
   Result<void> ensure_scratch(pid_t tid, std::chrono::milliseconds timeout);
   // Removes the scratch mappings of controllers that are gone (see
