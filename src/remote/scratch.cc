@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace remora::remote {
 
@@ -129,6 +130,26 @@ std::vector<Range> coalesce_scratch(std::vector<uint64_t> bases) {
       out.push_back({b, b + kScratchSize});
   }
   return out;
+}
+
+uint64_t scratch_address_hint(std::span<const procfs::MapEntry> maps) {
+  const auto stack =
+      std::find_if(maps.begin(), maps.end(), [](const procfs::MapEntry& m) { return m.path == "[stack]"; });
+  if (stack == maps.end()) return 0;
+  // The mappings below the stack, in address order (/proc lists them so;
+  // sorted again rather than trusted).
+  std::vector<std::pair<uint64_t, uint64_t>> below;
+  for (const auto& m : maps)
+    if (m.end <= stack->start) below.emplace_back(m.start, m.end);
+  std::sort(below.begin(), below.end());
+  uint64_t best_top = 0, best_size = 0;
+  for (size_t i = 1; i < below.size(); ++i) {
+    if (below[i].first <= below[i - 1].second) continue;
+    const uint64_t gap = below[i].first - below[i - 1].second;
+    if (gap > best_size) best_size = gap, best_top = below[i].first;
+  }
+  if (best_size < kScratchRoom + kScratchSize) return 0;
+  return best_top - kScratchSize;
 }
 
 }  // namespace remora::remote

@@ -226,5 +226,39 @@ TEST(ScratchRanges, AdjacentOnesJoin) {
   EXPECT_TRUE(coalesce_scratch({}).empty());
 }
 
+// A fresh process as Debian's ld.so leaves it: the hole its unmapped
+// ld.so.cache leaves among the libraries fits a scratch but not the loader
+// stack below it; the hint goes under the lowest library instead.
+TEST(ScratchHint, BelowTheLowestLibraryNotInASmallHole) {
+  const std::string maps = maps_line(0x555555554000, 0x555555556000, "r-xp", "/usr/bin/app") +
+                           maps_line(0x555555556000, 0x555555577000, "rw-p", "[heap]") +
+                           maps_line(0x7ffff7d80000, 0x7ffff7da6000, "r--p", "/usr/lib/libm.so.6") +
+                           maps_line(0x7ffff7dc0000, 0x7ffff7f9a000, "r-xp", "/usr/lib/libc.so.6") +
+                           maps_line(0x7ffff7f9a000, 0x7ffff7fa0000, "rw-p") +
+                           maps_line(0x7ffff7fc3000, 0x7ffff7ff0000, "r-xp", "/usr/lib/ld-linux.so.2") +
+                           maps_line(0x7ffffffde000, 0x7ffffffff000, "rw-p", "[stack]") +
+                           maps_line(0xffffffffff600000, 0xffffffffff601000, "--xp", "[vsyscall]");
+  // The largest free range under [stack] is [heap]..libm; above it (the
+  // stack's own range, and [vsyscall] beyond user space) never counts.
+  EXPECT_EQ(scratch_address_hint(maps_of(maps)), 0x7ffff7d80000 - kScratchSize);
+}
+
+TEST(ScratchHint, NoneWithoutRoomOrWithoutAStack) {
+  // No [stack] (a /proc view without it): no opinion.
+  EXPECT_EQ(scratch_address_hint(maps_of(maps_line(0x10000, 0x20000, "r-xp", "/bin/x"))), 0u);
+  // Every free range smaller than the scratch and its room.
+  const uint64_t room = kScratchRoom + kScratchSize;
+  const std::string tight = maps_line(0x100000, 0x200000, "r-xp", "/bin/x") +
+                            maps_line(0x200000 + room - kPage, 0x300000 + room, "rw-p") +
+                            maps_line(0x300000 + room, 0x301000 + room, "rw-p", "[stack]");
+  EXPECT_EQ(scratch_address_hint(maps_of(tight)), 0u);
+  // Just enough room: the hint is the scratch's size below the range's top.
+  const std::string fits = maps_line(0x100000, 0x200000, "r-xp", "/bin/x") +
+                           maps_line(0x200000 + room, 0x300000 + room, "rw-p") +
+                           maps_line(0x300000 + room, 0x301000 + room, "rw-p", "[stack]");
+  EXPECT_EQ(scratch_address_hint(maps_of(fits)), 0x200000 + room - kScratchSize);
+  EXPECT_EQ(scratch_address_hint({}), 0u);
+}
+
 }  // namespace
 }  // namespace remora::remote

@@ -497,7 +497,7 @@ std::vector<PlannedSyscall> engine_syscalls(const EnginePlan& plan) {
     constexpr uint64_t kSize = 64 * 1024;
     out.push_back({SYS_mmap,
                    "which Remora needs to create its scratch mapping",
-                   {0, kSize, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0},
+                   {plan.scratch_hint, kSize, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0},
                    kAll});
     out.push_back({SYS_mprotect,
                    "which Remora needs to make its scratch data writable",

@@ -144,6 +144,7 @@ struct EnginePlan {
   bool is_syscall = false;
   long nr = -1;  // is_syscall: the call, with its arguments
   std::array<uint64_t, 6> args{};
+  uint64_t scratch_hint = 0;  // creates_scratch: the address its mmap asks for
 };
 std::vector<PlannedSyscall> engine_syscalls(const EnginePlan& plan);
 

@@ -446,6 +446,7 @@ Result<pid_t> Target::Impl::pick_thread() {
 // request is the new scratch's setup routine (see transact).
 Result<void> Target::Impl::ensure_scratch(pid_t tid, std::chrono::milliseconds timeout) {
   if (scratch) return ok();
+  if (auto maps = maps_for_lookup()) scratch_hint = scratch_address_hint(*maps);
   REMORA_TRY(run(tid, false, kSetupRequest, {}, timeout));
   return ok();
 }

@@ -78,6 +78,7 @@ struct Target::Impl {
   // (removing dead controllers' scratch at open: see scratch_reclaim.cc).
   bool gadget_only = false;
   uint64_t session_used = 0;  // bytes handed out by scratch_alloc
+  uint64_t scratch_hint = 0;  // where the next scratch is asked for (scratch_address_hint), 0: anywhere
   // Marked calls (see choose_marker): the process's signal dispositions, as
   // last read, and a counter for the cookies that prove a call returned.
   uint64_t sig_ign = 0, sig_cgt = 0;

@@ -117,7 +117,8 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     REMORA_TRY(im_.seccomp_guard.check_stopped(
         tid_,
         seccomp::engine_syscalls(
-            {marker_ != 0, creates, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args}),
+            {marker_ != 0, creates, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args,
+             im_.scratch_hint}),
         ""));
     REMORA_TRY(write_frame(on_stack));
     // Out of modes libc's code cannot run in (SME's streaming mode and ZA
@@ -303,7 +304,7 @@ Result<void> Transaction::enter_restore_path(bool direct) {
 Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args) {
   // R-X first, written through /proc/PID/mem, then all but the code page
   // made RW (the order and why: remote/scratch.h).
-  auto base = REMORA_TRY_CTX(syscall(a::nr::kMmap, {0, kScratchSize, PROT_READ | PROT_EXEC,
+  auto base = REMORA_TRY_CTX(syscall(a::nr::kMmap, {im_.scratch_hint, kScratchSize, PROT_READ | PROT_EXEC,
                                                     MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0}),
                              "create the scratch mapping");
   // An address not page-aligned is no mmap result: a seccomp kill rolled
