@@ -85,6 +85,12 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   if (pfd >= 0) im.pidfd.reset(pfd);
   if (!st.nspid.empty()) target->ns_pid_ = st.nspid.back();
   im.ns_pid = target->ns_pid_;
+  // The process's signal dispositions, as choose_marker would read them
+  // again for the first call: the same status, just read.
+  im.sig_ign = st.sig_ign;
+  im.sig_cgt = st.sig_cgt;
+  im.seccomp = st.seccomp;
+  im.dispositions_read = Impl::Clock::now();
   auto auxv = REMORA_TRY_CTX(procfs::read_auxv(pid), "open process " + p);
   im.at_phdr = procfs::auxv_get(auxv, AT_PHDR).value_or(0);
   // No program interpreter: a statically linked program (AT_BASE is the
