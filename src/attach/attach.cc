@@ -174,11 +174,9 @@ Result<void> refuse_no_user_space(pid_t pid) {
 // The agent is loaded through the target's dynamic loader (dlopen in its
 // libc): a static program has none. Said as `remora call` says it, before
 // any lookup fails on the symptom ("libc.so.6 is not mapped").
-Result<void> check_dynamic(pid_t pid) {
-  auto auxv = procfs::read_auxv(pid);
-  if (!auxv) return ok();  // unreadable: the loader lookup fails later with its own reason
-  // AT_BASE is the program interpreter's load address, 0 without one.
-  if (procfs::auxv_get(*auxv, AT_BASE).value_or(0) != 0) return ok();
+Result<void> check_dynamic(const remote::Target& t) {
+  if (!t.is_static()) return ok();
+  const pid_t pid = t.pid();
   return Error(Errc::kStaticBinary,
                "process " + std::to_string(pid) +
                    " is statically linked (no dynamic loader, no libc.so): Remora loads its agent and tools "
@@ -318,11 +316,58 @@ Result<std::shared_ptr<Controller::Session>> Controller::session_for(pid_t pid, 
 
 namespace {
 
+// The agent our own loader thread has just loaded: the handle dlopen
+// returned (its struct link_map) and our copy of the file it loaded.
+struct JustLoaded {
+  uint64_t handle = 0;
+  std::string path;
+};
+
+// The agent's symbols without reading the target's maps again (40-80 us
+// for a small process, far more for one with thousands of mappings): the
+// link_map's l_addr is the load bias, and our copy of the file has the
+// symbol table (parsed once per controller process: elf::ImageCache). Only
+// when the image at that bias is that file, by its Build ID; otherwise (a
+// file replaced meanwhile, no Build ID, an unreadable link_map) nullopt, and
+// the caller looks in the maps as for any agent.
+std::optional<std::vector<RemoteAddr>> just_loaded_symbols(
+    remote::Target& t, const JustLoaded& j, std::span<const remote::Target::SymbolQuery> queries) {
+  struct {
+    uint64_t l_addr, l_name, l_ld, l_next, l_prev;  // <link.h>: the public head of struct link_map
+  } lm{};
+  if (j.handle == 0 || j.path.empty() ||
+      !t.read(RemoteAddr(j.handle), std::as_writable_bytes(std::span(&lm, 1))))
+    return std::nullopt;
+  int fd = ::open(j.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  UniqueFd f(fd);
+  struct stat st {};
+  if (::fstat(f.get(), &st) != 0) return std::nullopt;
+  // Keyed by the file alone: the Build ID compared below catches a file
+  // rewritten in place since it was cached.
+  auto image = elf::ImageCache::global().get_or_load(elf::ImageCache::Key{st.st_dev, st.st_ino, ""},
+                                                     [&] { return elf::ElfImage::from_fd(f.get()); });
+  if (!image || (*image)->build_id().empty() || (*image)->load_segments().empty()) return std::nullopt;
+  const uint64_t header = lm.l_addr + ((*image)->load_segments().front().vaddr & ~uint64_t{4095});
+  auto read = [&t](uint64_t addr, std::span<std::byte> out) { return t.read(RemoteAddr(addr), out); };
+  auto in_memory = elf::ElfImage::headers_from_memory(header, read);
+  if (!in_memory || (*in_memory)->build_id() != (*image)->build_id()) return std::nullopt;
+  std::vector<RemoteAddr> out;
+  for (const auto& q : queries) {
+    auto sym = (*image)->find_symbol(q.name);
+    if (!sym && q.required) return std::nullopt;
+    out.emplace_back(sym ? lm.l_addr + sym->value : 0);
+  }
+  return out;
+}
+
 // Resolves the agent's entry points if it is loaded; false when it is not.
-// One read of the maps for everything. `retire_own`: our own scratch, if
-// the agent's stubs replace it, is left for the caller to have removed
-// (see Target::take_retired_scratch) rather than removed by a call now.
-Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own = false) {
+// One read of the maps for everything, or none for the agent just loaded
+// (`just`). `retire_own`: our own scratch, if the agent's stubs replace it,
+// is left for the caller to have removed (see Target::take_retired_scratch)
+// rather than removed by a call now.
+Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own = false,
+                           const JustLoaded* just = nullptr) {
   const remote::Target::SymbolQuery queries[] = {{"remora_agent_info", false},
                                                  {"remora_agent_attach"},
                                                  {"remora_agent_detach"},
@@ -332,7 +377,10 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
                                                  {"remora_agent_scratch", false, false},
                                                  {"remora_agent_attach_leased", true, false},
                                                  {"remora_agent_unload", true, false}};
-  auto found = t.find_symbols(kAgentName, queries);
+  std::optional<std::vector<RemoteAddr>> quick;
+  if (just) quick = just_loaded_symbols(t, *just, queries);
+  auto found =
+      quick ? Result<std::vector<RemoteAddr>>(std::move(*quick)) : t.find_symbols(kAgentName, queries);
   if (!found && found.error().code() == Errc::kLibraryNotMapped) return false;
   if (!found) return std::move(found).error();
   const auto& f = *found;
@@ -632,7 +680,7 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
 // `stack_out`: see run_trampoline_thread.
 Result<pid_t> load_library(remote::Target& t, const std::string& path, const std::string& what,
                            const Deadline& deadline, OwnedFile* kept,
-                           remote::RemoteHandle* stack_out = nullptr) {
+                           remote::RemoteHandle* stack_out = nullptr, uint64_t* handle_out = nullptr) {
   // The library's memfd (if it needs one) is closed in the target when `vf`
   // goes, if the load fails; loaded, it goes to `kept`.
   auto vf = REMORA_TRY_CTX(make_visible_owned(t, path), "make " + what + " visible to the target");
@@ -662,6 +710,7 @@ Result<pid_t> load_library(remote::Target& t, const std::string& path, const std
     return Error(Errc::kToolFailed, "the target could not load " + what + ": " + msg);
   }
   *kept = std::move(vf);
+  if (handle_out) *handle_out = run.block.handle;
   return listener;
 }
 
@@ -971,15 +1020,17 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
   // Refused through the environment: nothing is touched. (A loaded agent
   // checks the same itself, in the target.)
   REMORA_TRY(check_environment(pid));
-  REMORA_TRY(check_dynamic(pid));
+  REMORA_TRY(check_dynamic(t));
   auto path = REMORA_TRY(find_agent_library(opts.agent_path));
   // Before anything is injected: what the load makes, against the
   // target's seccomp filter (remote/seccomp.h).
   REMORA_TRY(t.check_syscalls(remote::seccomp::agent_load_syscalls(), "load the agent"));
   remote::RemoteHandle stack;  // the loader thread's, which is gone: removed on any failure
-  pid_t known_listener = REMORA_TRY(load_library(t, path, "the agent", deadline, agent_file, &stack));
+  JustLoaded just{0, path};
+  pid_t known_listener =
+      REMORA_TRY(load_library(t, path, "the agent", deadline, agent_file, &stack, &just.handle));
   REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
-  loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true));
+  loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true, &just));
   if (auto m = t.take_retired_scratch()) {
     // The loader's stack right below the scratch (start_loader_thread): one
     // range, removed within the attach call with the scratch.

@@ -112,6 +112,8 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
 
 Target::Target(pid_t pid) : pid_(pid), ns_pid_(pid) {}
 
+bool Target::is_static() const { return impl_->is_static; }
+
 Target::~Target() { (void)close(); }
 
 Result<RemoteAddr> Target::scratch_alloc(size_t size, const CallOptions& opts) {

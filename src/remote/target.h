@@ -109,6 +109,9 @@ class Target {
   Target& operator=(const Target&) = delete;
 
   pid_t pid() const { return pid_; }
+  // No program interpreter (AT_BASE is 0, as read at open): a statically
+  // linked program, in which Remora cannot call libc.
+  bool is_static() const;
   // The pid as the target sees itself (last NSpid entry); == pid() outside namespaces.
   pid_t ns_pid() const { return ns_pid_; }
 
