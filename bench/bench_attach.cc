@@ -19,7 +19,8 @@
 //                     process: `-d 1` (attach, lease, the shortest session,
 //                     detach) and `--keep --attach-children=false` (attach and
 //                     exit: what an injector's CLI does); `remora --version`
-//                     is the CLI's start-up alone
+//                     is the CLI's start-up alone, `/bin/true` what any
+//                     command costs to fork, exec and reap here
 //   re-attach         attach + detach cycles once the agent is in
 //   tree of 32        attach_tree over a parent with 31 children, fresh
 //                     processes, against 32 in-process floors one per CPU
@@ -300,8 +301,9 @@ double baseline_stall(double window_us) {
   return t.stall_us();
 }
 
-// `remora ARGS` as a whole, fork/exec to exit, its output to /dev/null.
-double cli_run(const std::string& remora, std::vector<std::string> args) {
+// `PROGRAM ARGS` (remora, or /bin/true for the floor) as a whole, fork/exec
+// to exit, its output to /dev/null.
+double cli_run(const std::string& program, std::vector<std::string> args) {
   auto t0 = Clock::now();
   pid_t pid = fork();
   if (pid < 0) die("fork");
@@ -309,18 +311,18 @@ double cli_run(const std::string& remora, std::vector<std::string> args) {
     int null = open("/dev/null", O_RDWR);
     dup2(null, 0);
     dup2(null, 1);
-    std::vector<char*> argv{const_cast<char*>(remora.c_str())};
+    std::vector<char*> argv{const_cast<char*>(program.c_str())};
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(remora.c_str(), argv.data());
+    execv(program.c_str(), argv.data());
     _exit(127);
   }
   int status = 0;
   waitpid(pid, &status, 0);
   double us = us_since(t0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    die("remora " + (args.empty() ? std::string() : args[0]) + " failed (status " + std::to_string(status) +
-        ")");
+    die(program + " " + (args.empty() ? std::string() : args[0]) + " failed (status " +
+        std::to_string(status) + ")");
   return us;
 }
 
@@ -349,7 +351,7 @@ double tree_attach(const AttachOptions& opts) {
 
 struct Rows {
   std::vector<double> floor, idle, idle_cpu, spin, spin_stall, threads8, threads8_stall, base_stall, cli_d1,
-      cli_keep, version, reattach, detach, tree, tree_floor;
+      cli_keep, version, spawn, reattach, detach, tree, tree_floor;
 };
 
 void reattach_cycles(const AttachOptions& opts, int cycles, Rows* rows) {
@@ -386,6 +388,7 @@ void print_rows(const Rows& r, int rounds) {
   row("first attach, 8 threads (1 spinning)", r.threads8, 1800);
   row("  the other threads' stall during it (the spinner's longest gap)", r.threads8_stall, 160);
   row("  the spinner's longest gap over as long a window without an attach", r.base_stall);
+  row("`/bin/true`, fork/exec to exit (what any command costs here)", r.spawn);
   row("`remora --version` (CLI start-up)", r.version);
   row("`remora attach -d 1`, idle target, fork/exec to exit", r.cli_d1, 2650);
   row("`remora attach --keep --attach-children=false`, idle target", r.cli_keep, 2650);
@@ -396,6 +399,11 @@ void print_rows(const Rows& r, int rounds) {
   std::printf("| in-process floor, 32 fresh processes, one per CPU at a time | %.1f ms | %.1f ms | |\n",
               median(r.tree_floor) / 1000, worst(r.tree_floor) / 1000);
   std::printf("\nfirst attach (idle) / in-process floor: %.1fx\n", median(r.idle) / median(r.floor));
+  if (!r.cli_keep.empty())
+    std::printf(
+        "`remora attach --keep` less /bin/true less the C API's first attach: %.0f us (the CLI's own "
+        "start-up and cold work)\n",
+        median(r.cli_keep) - median(r.spawn) - median(r.idle));
   std::printf("32 processes / their in-process floor: %.2fx (goal <= 2x)\n",
               median(r.tree) / median(r.tree_floor));
 }
@@ -437,6 +445,7 @@ int main(int argc, char** argv) {
     r.threads8_stall.push_back(stall);
     r.base_stall.push_back(baseline_stall(r.threads8.back()));
     if (cli) {
+      r.spawn.push_back(cli_run("/bin/true", {}));
       r.version.push_back(cli_run(remora, {"--version"}));
       r.cli_d1.push_back(cli_attach(remora, opts.tools[0], {"-d", "1"}));
       r.cli_keep.push_back(cli_attach(remora, opts.tools[0], {"--keep", "--attach-children=false"}));
