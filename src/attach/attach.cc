@@ -577,7 +577,7 @@ constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 // (arch/loader_block.h), which maps the thread's own stack, names it in a
 // pthread_attr_t and runs pthread_create of the trampoline on it. One marked
 // call where the mmap, pthread_attr_init, pthread_attr_setstack and
-// pthread_create were four remote calls (about 150 us of a 1.4 ms first
+// pthread_create were four remote calls (about 120 us of a 1.4 ms first
 // attach; docs/benchmarks.md).
 //
 // The stack (1 MiB, read-write) is ours, not glibc's: glibc keeps the stacks

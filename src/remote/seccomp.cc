@@ -495,10 +495,11 @@ std::vector<PlannedSyscall> engine_syscalls(const EnginePlan& plan) {
     // Naming it and keeping it out of forks are niceties: the setup
     // routine's result is ignored, so only a kill or SIGSYS refuses those.
     constexpr uint64_t kSize = 64 * 1024;
-    out.push_back({SYS_mmap,
-                   "which Remora needs to create its scratch mapping",
-                   {plan.scratch_hint, kSize, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0},
-                   kAll});
+    out.push_back(
+        {SYS_mmap,
+         "which Remora needs to create its scratch mapping",
+         {plan.scratch_hint, kSize, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, ~uint64_t{0}, 0},
+         kAll});
     out.push_back({SYS_mprotect,
                    "which Remora needs to make its scratch data writable",
                    {0, kSize - 4096, PROT_READ | PROT_WRITE, 0, 0, 0},

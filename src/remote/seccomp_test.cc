@@ -288,6 +288,11 @@ TEST(SeccompCheck, EnginePlan) {
   for (long nr : {SYS_mmap, SYS_mprotect, SYS_prctl, SYS_madvise, SYS_rt_sigprocmask, SYS_getpid, SYS_gettid,
                   SYS_tgkill, SYS_rt_sigreturn})
     EXPECT_TRUE(has(first, nr)) << syscall_name(nr);
+  // The scratch's mmap is checked with the address it really asks for.
+  auto hinted = engine_syscalls({.creates_scratch = true, .scratch_hint = 0x7f0000000000});
+  ASSERT_FALSE(hinted.empty());
+  EXPECT_EQ(hinted[0].nr, SYS_mmap);
+  EXPECT_EQ(hinted[0].args[0], 0x7f0000000000u);
   auto plain = engine_syscalls({});
   ASSERT_EQ(plain.size(), 1u);
   EXPECT_EQ(plain[0].nr, SYS_rt_sigreturn);

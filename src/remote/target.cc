@@ -407,6 +407,7 @@ Result<pid_t> Target::Impl::pick_thread() {
   // code of ours), and serves the seize's own check that follows.
   bool strict_seen = false;
   auto score = [&](pid_t tid) -> int {
+    strict_seen = false;
     auto st = procfs::read_status(pid, tid);
     if (!st) return -1;
     seccomp_guard.note_status(tid, st->seccomp);

@@ -116,9 +116,8 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     const bool creates = !im_.scratch && !im_.gadget_only;
     REMORA_TRY(im_.seccomp_guard.check_stopped(
         tid_,
-        seccomp::engine_syscalls(
-            {marker_ != 0, creates, saved_.swap_mask, is_syscall, static_cast<long>(fn_or_nr), args,
-             im_.scratch_hint}),
+        seccomp::engine_syscalls({marker_ != 0, creates, saved_.swap_mask, is_syscall,
+                                  static_cast<long>(fn_or_nr), args, im_.scratch_hint}),
         ""));
     REMORA_TRY(write_frame(on_stack));
     // Out of modes libc's code cannot run in (SME's streaming mode and ZA
