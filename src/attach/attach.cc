@@ -196,6 +196,9 @@ Result<void> check_dynamic(const remote::Target& t) {
 //                   fails, a deadline) with the pipe made.
 //   old-agent       the agent is taken for one of protocol 1 (no leased
 //                   attach): the lease is armed after the attach, as then.
+//   libc-stack      libc is taken for one without pthread_attr_setstack:
+//                   the loader start routine maps no stack and the loader
+//                   thread runs on libc's own (the routine's other branch).
 // Several names are separated by commas ("old-agent,lease-call").
 bool fault_injected(std::string_view name) {
   const char* v = std::getenv("REMORA_INJECT_FAULT");
@@ -601,7 +604,7 @@ Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn
   const uint64_t below = t.scratch_address().value_or(0);
   x::LoaderStart ls{};
   ls.pthread_create_fn = pthread_create_fn.addr();
-  if (!run.stack_fns[0].null() && !run.stack_fns[1].null()) {
+  if (!run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack")) {
     ls.attr_init_fn = run.stack_fns[0].addr();
     ls.attr_setstack_fn = run.stack_fns[1].addr();
   }

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "attach_helpers.h"
+#include "procfs/procfs.h"
 #include "remote/visible_file.h"
 
 namespace remora::test {
@@ -218,6 +219,44 @@ TEST_F(AttachErrors, FailedScratchRemovalLeavesNoMemfdInTheTarget) {
   ASSERT_TRUE(c.detach(pid).ok());
   EXPECT_EQ(open_fds(pid), before);
   proc->send("quit");
+}
+
+// Anonymous read-write mappings of 2 MiB or more: thread stacks libc made
+// (our loader stack is 1 MiB).
+int large_anonymous_rw(pid_t pid) {
+  auto maps = procfs::read_maps(pid);
+  int n = 0;
+  if (maps)
+    for (const auto& m : *maps)
+      n += !m.file_backed() && m.path.empty() && m.read && m.write && m.size() >= (2u << 20);
+  return n;
+}
+
+// The loader start routine's other branch, for a libc without
+// pthread_attr_setstack (REMORA_INJECT_FAULT=libc-stack takes it here): the
+// routine maps no stack, the loader thread runs on one libc makes (and keeps
+// in its stack cache once the thread is gone), and the attach works as
+// otherwise. A normal attach into a twin target leaves one such mapping
+// fewer: there the loader ran on our own stack, removed with the scratch.
+TEST_F(AttachErrors, LoaderRunsOnLibcsStackWithoutTheAttrFunctions) {
+  TargetProcess normal("remora_attach_target"), fault_target("remora_attach_target");
+  const int normal_before = large_anonymous_rw(normal.pid());
+  const int fault_before = large_anonymous_rw(fault_target.pid());
+  Controller c;
+  auto r = c.attach(normal.pid(), options_for(log_));
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+  {
+    ScopedEnv fault("REMORA_INJECT_FAULT", "libc-stack");
+    auto f = c.attach(fault_target.pid(), options_for(log_));
+    ASSERT_TRUE(f.ok()) << describe(f.error());
+    EXPECT_TRUE(f->agent_loaded_now);
+  }
+  EXPECT_EQ(log_.find("a:tool_attach", fault_target.pid()).size(), 1u) << log_.dump();
+  EXPECT_EQ(large_anonymous_rw(fault_target.pid()) - fault_before,
+            large_anonymous_rw(normal.pid()) - normal_before + 1)
+      << "the loader thread did not run on a stack of libc's";
+  ASSERT_TRUE(c.detach(normal.pid()).ok());
+  ASSERT_TRUE(c.detach(fault_target.pid()).ok());
 }
 
 // A tool without remora_configure_attach: kNotAttachable, naming the
