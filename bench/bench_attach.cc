@@ -27,6 +27,8 @@
 // Every target and floor process is this program run again in a role
 // ("--target", "--load"): fresh processes, as services are, that share no
 // copy-on-write memory with the bench.
+// REMORA_BENCH_ROWS=tree takes the two tree rows alone, one sample each per
+// round (for a profiler's run).
 // The payload is the smallest tool there is (the test hook tool with no log
 // file), so the figures are Remora's own cost.
 #include <dlfcn.h>
@@ -402,8 +404,9 @@ void print_rows(const Rows& r, int rounds) {
               median(r.tree) / 1000, worst(r.tree) / 1000, 2 * median(r.tree_floor) / 1000);
   std::printf("| in-process floor, 32 fresh processes, one per CPU at a time | %.1f ms | %.1f ms | |\n",
               median(r.tree_floor) / 1000, worst(r.tree_floor) / 1000);
-  std::printf("\nfirst attach (idle) / in-process floor: %.1fx\n", median(r.idle) / median(r.floor));
-  if (!r.cli_keep.empty())
+  if (!r.idle.empty())
+    std::printf("\nfirst attach (idle) / in-process floor: %.1fx\n", median(r.idle) / median(r.floor));
+  if (!r.cli_keep.empty() && !r.idle.empty())
     std::printf(
         "`remora attach --keep` less /bin/true less the C API's first attach: %.0f us (the CLI's own "
         "start-up and cold work)\n",
@@ -437,8 +440,15 @@ int main(int argc, char** argv) {
   opts.agent_path = argv[1];
   opts.tools = {argv[2]};
 
+  const char* rows_env = std::getenv("REMORA_BENCH_ROWS");
+  const bool tree_only = rows_env && std::strcmp(rows_env, "tree") == 0;
   Rows r;
   for (int i = 0; i < rounds; ++i) {
+    if (tree_only) {  // REMORA_BENCH_ROWS=tree: the tree rows alone, every round (for profiling)
+      r.tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second);
+      r.tree.push_back(tree_attach(opts));
+      continue;
+    }
     r.floor.push_back(in_process(opts.agent_path, opts.tools[0], 1).first.at(0));
     double stall = 0, cpu = 0;
     r.idle.push_back(first_attach(opts, 0, 0, nullptr, &cpu));

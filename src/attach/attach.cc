@@ -404,9 +404,10 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
 // The agent names its listener as the target's pid namespace sees it
 // (gettid() there); from here on it is named as this process sees it. A tid
 // no thread of the process has (a forked child's copy of its parent's
-// block, a listener not started yet) reads 0: no listener.
-void listener_as_we_name_it(pid_t pid, remora_agent_info* info) {
-  if (info->magic != REMORA_AGENT_MAGIC || info->listener_tid == 0) return;
+// block, a listener not started yet) reads 0: no listener. Outside a nested
+// pid namespace the ids are ours already.
+void listener_as_we_name_it(pid_t pid, remora_agent_info* info, bool nested_pid_ns = true) {
+  if (info->magic != REMORA_AGENT_MAGIC || info->listener_tid == 0 || !nested_pid_ns) return;
   auto ours = procfs::tid_from_target_ns(pid, info->listener_tid);
   info->listener_tid = ours ? *ours : 0;
 }
@@ -414,7 +415,8 @@ void listener_as_we_name_it(pid_t pid, remora_agent_info* info) {
 Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
   remora_agent_info info{};
   REMORA_TRY(t.read(RemoteAddr(addr), std::as_writable_bytes(std::span(&info, 1))));
-  listener_as_we_name_it(t.pid(), &info);
+  // In our own pid namespace its ids are ours: no /proc read.
+  listener_as_we_name_it(t.pid(), &info, t.in_nested_pid_ns());
   return info;
 }
 

@@ -582,10 +582,20 @@ std::span<const PlannedSyscall> agent_load_syscalls() {
 // ---------------------------------------------------------------------------
 // Guard.
 
+namespace {
+constexpr std::chrono::milliseconds kStatusFresh{250};  // how long a thread's seccomp mode is trusted
+}  // namespace
+
+bool Guard::knows_status(pid_t tid) const {
+  auto it = threads_.find(tid);
+  return it != threads_.end() && it->second.read != std::chrono::steady_clock::time_point{} &&
+         std::chrono::steady_clock::now() - it->second.read <= kStatusFresh;
+}
+
 Result<void> Guard::before_seize(pid_t pid, pid_t tid) {
   const auto now = std::chrono::steady_clock::now();
   Thread& t = threads_[tid];
-  if (now - t.read > std::chrono::milliseconds(250)) {
+  if (now - t.read > kStatusFresh) {
     auto st = procfs::read_status(pid, tid);
     if (!st) return ok();
     t.mode = st->seccomp;

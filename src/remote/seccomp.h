@@ -181,6 +181,9 @@ class Guard {
   // A status of `tid` the caller has just read (its Seccomp line): the next
   // before_seize within 250 ms uses it instead of reading its own.
   void note_status(pid_t tid, int seccomp_mode);
+  // Whether before_seize would use a status of `tid` it has already (one
+  // read or noted within the last 250 ms) instead of reading its own.
+  bool knows_status(pid_t tid) const;
 
   // In a transaction, `tid` stopped by us and nothing changed yet: reads
   // the filters and checks `plan` (check). Unreadable filters (not

@@ -84,7 +84,11 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (pfd >= 0) im.pidfd.reset(pfd);
   if (!st.nspid.empty()) target->ns_pid_ = st.nspid.back();
+  target->nested_pid_ns_ = st.nspid.size() > 1;
   im.ns_pid = target->ns_pid_;
+  // The main thread's seccomp mode is the process's (the status just read):
+  // the first seize's check needs no read of its own.
+  im.seccomp_guard.note_status(pid, st.seccomp);
   // The process's signal dispositions, as choose_marker would read them
   // again for the first call: the same status, just read.
   im.sig_ign = st.sig_ign;
@@ -430,6 +434,10 @@ Result<pid_t> Target::Impl::pick_thread() {
   // if it has exited meanwhile, the seize fails and the choice is made anew.
   if (preferred_tid != 0) return preferred_tid;
   auto tasks = REMORA_TRY(procfs::list_tasks(pid));
+  // One thread is no choice: it is taken without reading its state, when
+  // its seccomp mode is known already (the status Target::open read).
+  // Exiting, it fails the seize; in strict mode, the seize's check refuses it.
+  if (tasks.size() == 1 && seccomp_guard.knows_status(tasks[0])) return preferred_tid = tasks[0];
   pid_t best = 0, strict = 0;
   int best_score = -1;
   for (pid_t tid : tasks) {

@@ -114,6 +114,9 @@ class Target {
   bool is_static() const;
   // The pid as the target sees itself (last NSpid entry); == pid() outside namespaces.
   pid_t ns_pid() const { return ns_pid_; }
+  // The process lives in a pid namespace below ours (NSpid has more than one
+  // entry): its own thread ids differ from the ones we use.
+  bool in_nested_pid_ns() const { return nested_pid_ns_; }
 
   // Address of `symbol` in library `library` of the target. `library` is an
   // exact path, a soname ("libc.so.6") or a basename prefix ("libc"); empty
@@ -213,6 +216,7 @@ class Target {
   explicit Target(pid_t pid);
   pid_t pid_;
   pid_t ns_pid_;
+  bool nested_pid_ns_ = false;
   std::unique_ptr<Impl> impl_;
 };
 
