@@ -522,6 +522,8 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
 struct LoaderRun {
   uint64_t block_at = 0;
   x::LoaderBlock block{};
+  uint64_t start_at = 0;  // the loader start routine's block, once written (write_loader)
+  x::LoaderStart start{};
   std::array<RemoteAddr, 2> stack_fns{};                    // pthread_attr_init, pthread_attr_setstack
   Result<std::vector<pid_t>> before{std::vector<pid_t>{}};  // the tasks before it was created
   pid_t loader = 0;                                         // its tid, when Remora drove it itself
@@ -578,12 +580,58 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
 // The loader thread's own stack (start_loader_thread).
 constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 
+// Writes what the loader thread works on into the scratch: its block (and,
+// when `path` is given, that path right after it, which block.path then
+// names; dlclose_agent's block names a handle), then the loader start
+// routine's block; returns the routine's call. The `prepare` of
+// Target::call_prepared: for a first attach it runs within the transaction
+// that creates the scratch.
+Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
+                                              std::string_view path) {
+  const size_t path_len = path.empty() ? 0 : path.size() + 1;
+  auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + path_len + 8));
+  run.block_at = mem.addr();
+  const uint64_t thread_out = (run.block_at + sizeof run.block + path_len + 7) & ~uint64_t{7};
+  if (!path.empty()) {
+    const std::string z(path);
+    run.block.path = run.block_at + sizeof run.block;
+    REMORA_TRY(t.write(RemoteAddr(run.block.path), std::as_bytes(std::span(z.c_str(), path_len))));
+  }
+  REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
+  run.before = procfs::list_tasks(t.pid());
+  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
+  const auto fn = REMORA_TRY(t.loader_start());
+  const auto tramp = REMORA_TRY(t.thread_trampoline());
+  // The block, then room for the pthread_attr_t (56 bytes on x86_64 and aarch64).
+  const auto at = REMORA_TRY(t.scratch_alloc(sizeof(x::LoaderStart) + 64));
+  const uint64_t below = t.scratch_address().value_or(0);
+  x::LoaderStart& ls = run.start;
+  ls = x::LoaderStart{};
+  ls.pthread_create_fn = pthread_create_fn.addr();
+  if (!run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack")) {
+    ls.attr_init_fn = run.stack_fns[0].addr();
+    ls.attr_setstack_fn = run.stack_fns[1].addr();
+  }
+  ls.stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
+  ls.stack_size = kLoaderStackSize;
+  ls.attr = at.addr() + sizeof ls;
+  ls.thread_out = thread_out;
+  ls.trampoline = tramp.addr();
+  ls.block = run.block_at;
+  ls.created = ~uint64_t{0};  // stays so unless pthread_create ran
+  REMORA_TRY(t.write(at, std::as_bytes(std::span(&ls, 1))));
+  run.start_at = at.addr();
+  return remote::Target::Prepared{fn, {at.addr()}};
+}
+
 // Starts the loader thread: one call of the stub's loader start routine
 // (arch/loader_block.h), which maps the thread's own stack, names it in a
 // pthread_attr_t and runs pthread_create of the trampoline on it. One marked
 // call where the mmap, pthread_attr_init, pthread_attr_setstack and
 // pthread_create were four remote calls (about 120 us of a 1.4 ms first
-// attach; docs/benchmarks.md).
+// attach; docs/benchmarks.md). In a process without our scratch yet, the
+// scratch's creation and setup and this call are one transaction on one
+// thread (Target::call_prepared): one seize, stop and release fewer.
 //
 // The stack (1 MiB, read-write) is ours, not glibc's: glibc keeps the stacks
 // it allocates itself in its stack cache once their thread exits, a mapping
@@ -597,31 +645,16 @@ constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 // the hint, the stack and the scratch are one range: the agent's attach call
 // removes the retired scratch anyway and takes the stack with it (see
 // ensure_agent).
-Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn, const LoaderRun& run,
-                                 uint64_t thread_out, remote::RemoteHandle* stack) {
-  const auto fn = REMORA_TRY(t.loader_start());
-  const auto tramp = REMORA_TRY(t.thread_trampoline());
-  // The block, then room for the pthread_attr_t (56 bytes on x86_64 and aarch64).
-  const auto mem = REMORA_TRY(t.scratch_alloc(sizeof(x::LoaderStart) + 64));
-  const uint64_t below = t.scratch_address().value_or(0);
-  x::LoaderStart ls{};
-  ls.pthread_create_fn = pthread_create_fn.addr();
-  if (!run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack")) {
-    ls.attr_init_fn = run.stack_fns[0].addr();
-    ls.attr_setstack_fn = run.stack_fns[1].addr();
+Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
+                                 std::string_view path, remote::RemoteHandle* stack) {
+  auto rc = t.call_prepared([&] { return write_loader(t, pthread_create_fn, run, path); });
+  if (run.start_at == 0) {  // nothing was started: the scratch or the blocks could not be made
+    if (!rc) return std::move(rc).error().with_context("start the loader thread");
+    return Error(Errc::kInternal, "the loader start block was never written");
   }
-  ls.stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
-  ls.stack_size = kLoaderStackSize;
-  ls.attr = mem.addr() + sizeof ls;
-  ls.thread_out = thread_out;
-  ls.trampoline = tramp.addr();
-  ls.block = run.block_at;
-  ls.created = ~uint64_t{0};  // stays so unless pthread_create ran
-  REMORA_TRY(t.write(mem, std::as_bytes(std::span(&ls, 1))));
-  CallArg args[] = {CallArg::integer(mem.addr())};
-  auto rc = t.call(fn, args);
+  const x::LoaderStart& ls = run.start;
   x::LoaderStart out{};
-  const bool have_out = t.read(mem, std::as_writable_bytes(std::span(&out, 1))).ok();
+  const bool have_out = t.read(RemoteAddr(run.start_at), std::as_writable_bytes(std::span(&out, 1))).ok();
   const auto stack_v = static_cast<int64_t>(out.stack);
   if (have_out && ls.attr_init_fn != 0 && out.stack != 0 && !(stack_v < 0 && stack_v > -4096)) {
     *stack =
@@ -642,19 +675,16 @@ Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn
 }
 
 // Runs Remora's thread trampoline on a fresh thread of the target, on
-// `run.block` (written at run.block_at by this function, its other fields
-// filled in by the caller), and waits for the thread to have left our
-// scratch code (and its stack) for good. `thread_out` receives the new
-// pthread_t. The thread's stack is then removed, or, with `stack_out`,
-// handed to the caller (who removes it with the scratch: ensure_agent).
+// `run.block` (its fields filled in by the caller; written into the scratch
+// with `path`, see write_loader), and waits for the thread to have left our
+// scratch code (and its stack) for good. The thread's stack is then
+// removed, or, with `stack_out`, handed to the caller (who removes it with
+// the scratch: ensure_agent).
 Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
-                                   uint64_t thread_out, const Deadline& deadline,
+                                   std::string_view path, const Deadline& deadline,
                                    remote::RemoteHandle* stack_out = nullptr) {
-  REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
   remote::RemoteHandle stack;
-  run.before = procfs::list_tasks(t.pid());
-  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
-  REMORA_TRY(start_loader_thread(t, pthread_create_fn, run, thread_out, &stack));
+  REMORA_TRY(start_loader_thread(t, pthread_create_fn, run, path, &stack));
   REMORA_LOG(kAttach, "pid %d: loader thread created", t.pid());
   auto keep_stack = [&](Error e) {
     stack.release();  // the thread may still run on it: leaking it is the lesser harm
@@ -693,14 +723,7 @@ Result<pid_t> load_library(remote::Target& t, const std::string& path, const std
   auto vf = REMORA_TRY_CTX(make_visible_owned(t, path), "make " + what + " visible to the target");
   LoaderRun run;
   const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
-  const size_t path_len = vf.path.size() + 1;
-  auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + path_len + 8));
-  run.block_at = mem.addr();
-  uint64_t path_at = run.block_at + sizeof run.block;
-  uint64_t thread_out = (path_at + path_len + 7) & ~uint64_t{7};
-  run.block.path = path_at;
-  REMORA_TRY(t.write(RemoteAddr(path_at), std::as_bytes(std::span(vf.path.c_str(), path_len))));
-  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, thread_out, deadline, stack_out));
+  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, vf.path, deadline, stack_out));
   pid_t listener = 0;
   if (run.driven && run.before) {
     // The thread that appeared besides the loader is the agent's listener.
@@ -859,9 +882,7 @@ Result<void> dlclose_agent(remote::Target& t, pid_t pid, const remora_agent_info
   run.block.dlopen_fn = dlclose_fn.addr();
   run.block.path = info.self_handle;
   run.block.flags = 0;
-  auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + 8));
-  run.block_at = mem.addr();
-  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, run.block_at + sizeof run.block, deadline));
+  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, {}, deadline));
   if (run.block.handle != 0) {
     char msg[512] = "";
     if (run.block.error)

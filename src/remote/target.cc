@@ -358,6 +358,20 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
   return impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout);
 }
 
+Result<CallReport> Target::call_prepared(const Prepare& prepare, const CallOptions& opts) {
+  std::lock_guard lock(impl_->mu);
+  Impl& im = *impl_;
+  if (!im.scratch) {
+    // The scratch's creation, its setup routine and then this call, on one
+    // thread in one transaction (Transaction::then_call), placed as
+    // ensure_scratch places it.
+    if (auto maps = im.maps_for_lookup()) im.scratch_hint = scratch_address_hint(*maps);
+    return im.run(opts.tid, false, kSetupRequest, {}, opts.timeout, {}, &prepare);
+  }
+  auto p = REMORA_TRY(prepare());
+  return im.run(opts.tid, false, p.fn.addr(), p.args, opts.timeout);
+}
+
 Result<CallReport> Target::syscall(long nr, std::span<const uint64_t> args, const CallOptions& opts) {
   if (args.size() > 6) return Error(Errc::kInvalidArgument, "a system call takes at most 6 arguments");
   std::array<uint64_t, 6> regs{};
@@ -610,7 +624,7 @@ Result<Gadgets> Target::Impl::find_gadgets() {
 
 Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
                                      std::array<uint64_t, 6> args, std::chrono::milliseconds timeout,
-                                     std::span<const StackArg> on_stack) {
+                                     std::span<const StackArg> on_stack, const Target::Prepare* then) {
   Deadline deadline = Deadline::after(timeout);
   // libc's gadgets are needed only to create or remove our own scratch.
   if (!gadgets && (!scratch || force_gadget)) gadgets = REMORA_TRY(find_gadgets());
@@ -626,14 +640,16 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
     if (::access(task.c_str(), F_OK) != 0)
       return Error(Errc::kNoSuchProcess,
                    "no thread " + std::to_string(tid) + " in process " + std::to_string(pid));
-    return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
+    return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack, then);
   }
-  auto r = transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
+  auto r = transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack, then);
+  // (Both retries below come only from a seize that changed nothing: the
+  // scratch is still to be made, and `then` still to run.)
   if (!r && seccomp_guard.refused_strict(tid)) {
     // The remembered thread entered strict mode: choose one that did not.
     preferred_tid = 0;
     tid = REMORA_TRY(pick_thread());
-    return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
+    return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack, then);
   }
   // Only a thread that was gone before the call began (the seize found no
   // such thread) is chosen again; an exit during the call is reported.
@@ -642,7 +658,7 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
     preferred_tid = 0;
     if (::kill(pid, 0) == 0 || errno == EPERM) {
       tid = REMORA_TRY(pick_thread());
-      return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack);
+      return transact(tid, is_syscall, fn_or_nr, args, deadline, on_stack, then);
     }
   }
   return r;
@@ -650,10 +666,24 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
 
 Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
                                           std::array<uint64_t, 6> args, const Deadline& deadline,
-                                          std::span<const StackArg> on_stack) {
+                                          std::span<const StackArg> on_stack, const Target::Prepare* then) {
   forget_maps();  // what the call maps or unmaps
+  bool chained = false;
+  Result<CallReport> r = [&] {
+    Transaction tx(*this, tid, deadline);
+    auto first = tx.run(is_syscall, fn_or_nr, args, on_stack, then);
+    chained = tx.chained();
+    return first;
+  }();
+  if (!r || then == nullptr || chained) return r;
+  // The setup's transaction ended before `then` could run in it (a signal
+  // or a stop it held back had to be let through first): `then` gets a
+  // transaction of its own on the same thread, as call_prepared would give
+  // it with the scratch there.
+  auto p = REMORA_TRY((*then)());
+  forget_maps();
   Transaction tx(*this, tid, deadline);
-  return tx.run(is_syscall, fn_or_nr, args, on_stack);
+  return tx.run(false, p.fn.addr(), p.args, {}, nullptr);
 }
 
 }  // namespace remora::remote

@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -140,6 +141,19 @@ class Target {
   // Makes one thread call `fn` with up to six integer arguments (bytes
   // arguments are copied into the target first) and returns its result.
   Result<CallReport> call(RemoteAddr fn, std::span<const CallArg> args, const CallOptions& opts = {});
+  // A function call whose memory can only be written once the scratch
+  // exists (it holds addresses in it): `prepare` writes that memory, through
+  // scratch_alloc, write and the stub addresses (loader_start,
+  // thread_trampoline), and names the function and its integer arguments; it
+  // must make no remote call of its own. Where there is no scratch yet, its
+  // creation and this call are one transaction on one thread: one seize,
+  // stop and release fewer than ensure-then-call. Otherwise it is call().
+  struct Prepared {
+    RemoteAddr fn;
+    std::array<uint64_t, 6> args{};
+  };
+  using Prepare = std::function<Result<Prepared>()>;
+  Result<CallReport> call_prepared(const Prepare& prepare, const CallOptions& opts = {});
   // find_symbol + call.
   Result<CallReport> call_symbol(std::string_view library, std::string_view symbol,
                                  std::span<const CallArg> args, const CallOptions& opts = {});

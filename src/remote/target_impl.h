@@ -109,7 +109,9 @@ struct Target::Impl {
     maps_memo_at = Clock::now();
   }
   void forget_maps() { maps_memo.reset(); }
-  std::mutex mu;
+  // Recursive: Target::call_prepared's `prepare` writes the new scratch
+  // through Target's own methods while its transaction holds the lock.
+  std::recursive_mutex mu;
 
   explicit Impl(Memory m) : mem(std::move(m)) {}
 
@@ -152,10 +154,15 @@ struct Target::Impl {
     size_t reg;
     std::span<const std::byte> bytes;
   };
+  // `then` (with the setup request only): the call that follows the new
+  // scratch's setup in the same transaction (Target::call_prepared), or in
+  // a transaction of its own when the first one could not go on.
   Result<CallReport> transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                              const Deadline& deadline, std::span<const StackArg> on_stack = {});
+                              const Deadline& deadline, std::span<const StackArg> on_stack = {},
+                              const Target::Prepare* then = nullptr);
   Result<CallReport> run(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                         std::chrono::milliseconds timeout, std::span<const StackArg> on_stack = {});
+                         std::chrono::milliseconds timeout, std::span<const StackArg> on_stack = {},
+                         const Target::Prepare* then = nullptr);
 };
 
 }  // namespace remora::remote

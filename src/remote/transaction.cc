@@ -102,7 +102,8 @@ void Transaction::release() {
 }
 
 Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                                    std::span<const Target::Impl::StackArg> on_stack) {
+                                    std::span<const Target::Impl::StackArg> on_stack,
+                                    const Target::Prepare* then) {
   const auto t0 = Clock::now();
   REMORA_TRY_CTX(im_.seccomp_guard.before_seize(im_.pid, tid_), process_str(im_.pid, im_.ns_pid));
   REMORA_TRY_CTX(ptrace::seize(im_.pid, tid_, PTRACE_O_TRACESYSGOOD), "seize " + who_);
@@ -135,7 +136,9 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     // the stub's tail still to run, and a later transaction may remove the
     // code it would run it from (Target::close).
     if (is_syscall) return syscall(static_cast<long>(fn_or_nr), args);
-    return function_call(fn_or_nr, args, direct);
+    auto first = REMORA_TRY(function_call(fn_or_nr, args, direct));
+    if (then == nullptr) return first;
+    return then_call(*then);
   };
   auto value = steps();
   if (!value) {
@@ -350,6 +353,38 @@ Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, st
   return ok();
 }
 
+// The call that follows the new scratch's setup in the same transaction
+// (Target::call_prepared). The setup ended as a marked call: the thread
+// stands restored through its frame, exactly as it was seized, in the
+// marker's signal-delivery stop (not at the stub's rt_sigreturn: a marker
+// the function let through itself), and resuming it without a signal
+// discards the marker. So the second call starts there, with the state saved for the
+// first, as if it were a transaction's only call: a new plan (a new cookie),
+// the filter check, the frame written again. Anything else the first call
+// met (a signal that waited for its end, a stop or a signal held back) is
+// let through by the release first: then it runs in a transaction of its
+// own (chained_ stays false: Target::Impl::transact).
+Result<uint64_t> Transaction::then_call(const Target::Prepare& then) {
+  if (!restored_at_marker_ || modified_ || detach_signal_ != 0 || pending_stop_ != 0 || !held_signals_.empty())
+    return uint64_t{0};
+  restored_at_marker_ = false;
+  chained_ = true;
+  auto p = REMORA_TRY(then());
+  std::array<uint64_t, 6> args = p.args;
+  plan(false, args, {});
+  REMORA_TRY(im_.seccomp_guard.check_stopped(
+      tid_,
+      seccomp::engine_syscalls({marker_ != 0, false, saved_.swap_mask, false, static_cast<long>(p.fn.addr()),
+                                args, im_.scratch_hint}),
+      ""));
+  REMORA_TRY(write_frame({}));
+  if (auto entry_state = a::call_entry_state(saved_.xstate); !entry_state.empty()) {
+    REMORA_TRY(ptrace::set_xstate(tid_, entry_state));
+    modified_ = true;
+  }
+  return function_call(p.fn.addr(), args, /*direct=*/true);
+}
+
 // A function call ends after the stub's rt_sigreturn on the frame (a marked
 // call), or at its entry: either way the thread runs no more of our code.
 // Where the frame holds exactly the resume state, that rt_sigreturn is the
@@ -492,6 +527,7 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
     const bool returned = slot[1] == cookie_;
     if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
       modified_ = false;
+      restored_at_marker_ = true;
       restore_mask_ = (saved_.sigmask & marker_bit_) != 0;
       // Another signal that waited for the call dequeued before the marker:
       // deliver it on detach (the marker, still pending, is one the process

@@ -62,6 +62,31 @@ struct Counts {
   long strings = 0;  // successful remora_probe_string calls
 };
 
+// The scratch mapping named itself and stays out of forks (its setup
+// routine's prctl and madvise): its smaps entry says so.
+void expect_scratch_set_up(Target& t) {
+  if (auto base = t.scratch_address()) {
+    std::ifstream smaps("/proc/" + std::to_string(t.pid()) + "/smaps");
+    char start[32];
+    std::snprintf(start, sizeof start, "%llx-", static_cast<unsigned long long>(*base));
+    std::string line, header, flags;
+    while (std::getline(smaps, line)) {
+      if (header.empty()) {
+        if (line.rfind(start, 0) == 0) header = line;
+      } else if (line.rfind("VmFlags:", 0) == 0) {
+        flags = line;
+        break;
+      }
+    }
+    if (kernel_names_anonymous_mappings()) {
+      EXPECT_NE(header.find("[anon:remora-scratch]"), std::string::npos) << header;
+    }
+    EXPECT_NE(flags.find(" dc"), std::string::npos) << "not MADV_DONTFORK: " << flags;
+  } else {
+    ADD_FAILURE() << "no scratch mapping after calls that needed one";
+  }
+}
+
 // The standard workload. Fails the test (non-fatally where possible, so one
 // run shows every broken call) and counts what succeeded.
 void exercise(Target& t, const std::map<std::string, pid_t>& tids, Counts* counts, int probe_calls = 1000) {
@@ -144,28 +169,7 @@ void exercise(Target& t, const std::map<std::string, pid_t>& tids, Counts* count
     ADD_FAILURE() << "syscall(getpid): " << describe(sys.error());
   }
 
-  // The scratch mapping named itself and stays out of forks (its setup
-  // routine's prctl and madvise): its smaps entry says so.
-  if (auto base = t.scratch_address()) {
-    std::ifstream smaps("/proc/" + std::to_string(t.pid()) + "/smaps");
-    char start[32];
-    std::snprintf(start, sizeof start, "%llx-", static_cast<unsigned long long>(*base));
-    std::string line, header, flags;
-    while (std::getline(smaps, line)) {
-      if (header.empty()) {
-        if (line.rfind(start, 0) == 0) header = line;
-      } else if (line.rfind("VmFlags:", 0) == 0) {
-        flags = line;
-        break;
-      }
-    }
-    if (kernel_names_anonymous_mappings()) {
-      EXPECT_NE(header.find("[anon:remora-scratch]"), std::string::npos) << header;
-    }
-    EXPECT_NE(flags.find(" dc"), std::string::npos) << "not MADV_DONTFORK: " << flags;
-  } else {
-    ADD_FAILURE() << "no scratch mapping after calls that needed one";
-  }
+  expect_scratch_set_up(t);
 
   auto closed = t.close();
   ASSERT_TRUE(closed.ok()) << describe(closed.error());
@@ -346,6 +350,69 @@ class Hostile : public IntegrationTest {
 };
 
 TEST_F(Hostile, Syscalls) { run_plain("remora_target_syscalls"); }
+
+// Target::call_prepared into a process without our scratch, on each thread
+// by tid. Where the scratch's setup ends as a marked call (a thread blocked
+// in a plainly restartable call: read(2), poll, epoll...), the scratch's
+// creation, its setup and the prepared call are one transaction; where it
+// cannot (nanosleep's restart_block: the setup's frame is not exact), two.
+// Either way `prepare` runs once the scratch exists, the call sees the bytes
+// it wrote there, the scratch is set up as always, a second prepared call
+// is a plain one, and the target notices nothing.
+TEST_F(Hostile, PreparedCallMakesTheScratchInItsTransaction) {
+  TargetProcess target("remora_target_syscalls");
+  const auto tids = target.tids();
+  target.snapshot();
+  Counts counts;
+  for (const auto& [role, tid] : tids) {
+    auto opened = Target::open(target.pid());
+    ASSERT_TRUE(opened.ok()) << describe(opened.error());
+    Target& t = **opened;
+    auto fn = t.find_symbol("", "remora_probe_string");
+    ASSERT_TRUE(fn.ok()) << describe(fn.error());
+    const std::string s = check_string(40 + role.size());
+    int prepared = 0;
+    bool scratch_there = true;
+    auto prepare = [&]() -> Result<Target::Prepared> {
+      ++prepared;
+      scratch_there = scratch_there && t.scratch_address().has_value();
+      auto at = REMORA_TRY(t.scratch_alloc(s.size() + 1));
+      REMORA_TRY(t.write(at, std::as_bytes(std::span(s.c_str(), s.size() + 1))));
+      return Target::Prepared{*fn, {at.addr()}};
+    };
+    CallOptions opts;
+    opts.tid = tid;
+    for (int round = 0; round < 2; ++round) {
+      auto r = t.call_prepared(prepare, opts);
+      if (!r.ok()) {
+        ADD_FAILURE() << role << ", call " << round << ": " << describe(r.error());
+        continue;
+      }
+      ++counts.strings;
+      EXPECT_EQ(r->value, s.size()) << role << ", call " << round;
+      EXPECT_EQ(r->tid, tid) << role;
+      printf("  %-9s call %d: %d stops\n", role.c_str(), round, r->stops);
+      // The interrupt and the setup's own stops (and the marker) came with it.
+      if (round == 0 && role == "read") {
+        EXPECT_GT(r->stops, 2) << "the scratch's creation and the call were not one transaction";
+      }
+      if (round == 1) {
+        EXPECT_EQ(r->stops, 2) << role << ": a prepared call into an existing scratch";
+      }
+    }
+    EXPECT_EQ(prepared, 2) << role;
+    EXPECT_TRUE(scratch_there) << role << ": prepare ran before the scratch existed";
+    expect_scratch_set_up(t);
+    auto closed = t.close();
+    ASSERT_TRUE(closed.ok()) << describe(closed.error());
+  }
+  ASSERT_TRUE(alive(target.pid()));
+  Report rep = target.report();
+  EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
+  EXPECT_EQ(rep.fds_delta(), 0) << rep.raw;
+  EXPECT_EQ(rep.maps_delta(), 0) << rep.raw;
+  EXPECT_EQ(rep.strings(), counts.strings) << rep.raw;
+}
 TEST_F(Hostile, Spin) { run_plain("remora_target_spin"); }
 TEST_F(Hostile, Threads64) { run_plain("remora_target_threads64"); }
 TEST_F(Hostile, Malloc) { run_plain("remora_target_malloc"); }
