@@ -1227,6 +1227,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
                    std::to_string(pid) + ", then attach again")
         .with_context(ctx);
   s->listener = info.listener_tid;
+  if (out.agent_loaded_now) t.note_descendant_thread(s->listener);  // started by our loader thread
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   CallOptions on_listener{s->listener, opts.timeout};
 

@@ -592,6 +592,15 @@ bool Guard::knows_status(pid_t tid) const {
          std::chrono::steady_clock::now() - it->second.read <= kStatusFresh;
 }
 
+void Guard::inherit_status(pid_t child, pid_t parent) {
+  if (child == parent || !knows_status(parent)) return;
+  const Thread p = threads_[parent];
+  Thread& c = threads_[child];
+  c.mode = p.mode;
+  c.read = p.read;
+  c.has_filters = p.has_filters;
+}
+
 Result<void> Guard::before_seize(pid_t pid, pid_t tid) {
   const auto now = std::chrono::steady_clock::now();
   Thread& t = threads_[tid];

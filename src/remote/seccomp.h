@@ -184,6 +184,10 @@ class Guard {
   // Whether before_seize would use a status of `tid` it has already (one
   // read or noted within the last 250 ms) instead of reading its own.
   bool knows_status(pid_t tid) const;
+  // `child` was created (through threads of ours) from `parent`, whose
+  // status is known: it inherited parent's seccomp state, as the kernel
+  // copies it on clone. No-op when parent's is not known.
+  void inherit_status(pid_t child, pid_t parent);
 
   // In a transaction, `tid` stopped by us and nothing changed yet: reads
   // the filters and checks `plan` (check). Unreadable filters (not

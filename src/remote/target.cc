@@ -116,6 +116,11 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
 
 Target::Target(pid_t pid) : pid_(pid), ns_pid_(pid) {}
 
+void Target::note_descendant_thread(pid_t tid) {
+  std::lock_guard lock(impl_->mu);
+  if (impl_->preferred_tid != 0) impl_->seccomp_guard.inherit_status(tid, impl_->preferred_tid);
+}
+
 bool Target::is_static() const { return impl_->is_static; }
 
 Target::~Target() { (void)close(); }

@@ -115,6 +115,12 @@ class Target {
   bool is_static() const;
   // The pid as the target sees itself (last NSpid entry); == pid() outside namespaces.
   pid_t ns_pid() const { return ns_pid_; }
+  // `tid` is a thread the process made from the one our calls last ran on
+  // (the agent's listener, which our loader thread started): it inherited
+  // that thread's seccomp state, so its first seize needs no /proc read of
+  // its own while that thread's is fresh. (Filters a later TSYNC install
+  // gave it are still read once it is stopped, before anything changes.)
+  void note_descendant_thread(pid_t tid);
   // The process lives in a pid namespace below ours (NSpid has more than one
   // entry): its own thread ids differ from the ones we use.
   bool in_nested_pid_ns() const { return nested_pid_ns_; }
