@@ -163,7 +163,7 @@ static_assert(offsetof(LoaderStart, created) == REMORA_AARCH64_START_CREATED);
 static_assert(nr::kRtSigreturn == REMORA_AARCH64_NR_RT_SIGRETURN && nr::kTgkill == REMORA_AARCH64_NR_TGKILL &&
               nr::kGetpid == REMORA_AARCH64_NR_GETPID && nr::kGettid == REMORA_AARCH64_NR_GETTID &&
               nr::kPrctl == REMORA_AARCH64_NR_PRCTL && nr::kMadvise == REMORA_AARCH64_NR_MADVISE &&
-              nr::kMmap == REMORA_AARCH64_NR_MMAP);
+              nr::kMmap == REMORA_AARCH64_NR_MMAP && nr::kMprotect == REMORA_AARCH64_NR_MPROTECT);
 
 #if defined(__aarch64__)
 std::array<std::byte, Stub::kSize> stub_code() {

@@ -33,8 +33,10 @@
  *    (the contract is x86_64_stub.S's: the marker stays pending until
  *    rt_sigreturn has restored the thread.)
  *  scratch setup (a function: x0 = base, x1 = size, x2 = name):
- *    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name), then returns
- *    madvise(base, size, MADV_DONTFORK).
+ *    mprotect of the data pages (base + page on) to read-write, returning
+ *    its -errno on failure, then prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME,
+ *    base, size, name) and madvise(base, size, MADV_DONTFORK); returns 0
+ *    (as x86_64_stub.S's).
  *  loader start (a function: x0 = a LoaderStart, arch/loader_block.h):
  *    mmap of the loader thread's stack, pthread_attr_init and
  *    pthread_attr_setstack naming it, then pthread_create of the thread
@@ -144,25 +146,6 @@ remora_aarch64_stub:
   REMORA_EXPECT_DISTANCE(.Lmarked_call_entry, .Lmarked_call_return_syscall_end,
                          REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END - REMORA_AARCH64_STUB_MARKED_CALL_ENTRY)
 
-/* ---- scratch setup: x0 = base, x1 = size, x2 = name ---- */
-  REMORA_AT(REMORA_AARCH64_STUB_SCRATCH_SETUP)
-  mov x9, x0
-  mov x10, x1
-  mov x4, x2
-  mov x3, x1
-  mov x2, x0
-  movz x0, #(REMORA_AARCH64_PR_SET_VMA & 0xffff)
-  movk x0, #(REMORA_AARCH64_PR_SET_VMA >> 16), lsl #16
-  mov x1, #REMORA_AARCH64_PR_SET_VMA_ANON_NAME
-  mov x8, #REMORA_AARCH64_NR_PRCTL
-  svc #0                                    /* failure harmless: no anonymous VMA names */
-  mov x0, x9
-  mov x1, x10
-  mov x2, #REMORA_AARCH64_MADV_DONTFORK
-  mov x8, #REMORA_AARCH64_NR_MADVISE
-  svc #0
-  ret
-
 /* ---- loader start: x0 = LoaderStart* (arch/loader_block.h) ---- */
   REMORA_AT(REMORA_AARCH64_STUB_LOADER_START)
   stp x29, x30, [sp, #-32]!
@@ -212,6 +195,35 @@ remora_aarch64_stub:
   ldp x19, x20, [sp, #16]
   ldp x29, x30, [sp], #32
   ret                                       /* pthread_create's result, or mmap's -errno */
+
+/* ---- scratch setup: x0 = base, x1 = size, x2 = name ----
+ * After the loader start: it outgrew the room before it. */
+  REMORA_AT(REMORA_AARCH64_STUB_SCRATCH_SETUP)
+  mov x9, x0                                /* base, size and name, kept across the svcs */
+  mov x10, x1
+  mov x11, x2
+  add x0, x9, #REMORA_AARCH64_PAGE          /* mprotect(base + page, size - page, RW) */
+  sub x1, x10, #REMORA_AARCH64_PAGE
+  mov x2, #REMORA_AARCH64_DATA_PROT
+  mov x8, #REMORA_AARCH64_NR_MPROTECT
+  svc #0
+  cbnz x0, 1f                               /* -errno: nothing else done */
+  mov x4, x11
+  mov x3, x10
+  mov x2, x9
+  movz x0, #(REMORA_AARCH64_PR_SET_VMA & 0xffff)
+  movk x0, #(REMORA_AARCH64_PR_SET_VMA >> 16), lsl #16
+  mov x1, #REMORA_AARCH64_PR_SET_VMA_ANON_NAME
+  mov x8, #REMORA_AARCH64_NR_PRCTL
+  svc #0                                    /* failure harmless: no anonymous VMA names */
+  mov x0, x9
+  mov x1, x10
+  mov x2, #REMORA_AARCH64_MADV_DONTFORK
+  mov x8, #REMORA_AARCH64_NR_MADVISE
+  svc #0                                    /* its failure is not the scratch's: ignored */
+  mov x0, #0
+1:
+  ret                                       /* 0, or mprotect's -errno */
 
   REMORA_AT(REMORA_AARCH64_STUB_SIZE)
   .globl remora_aarch64_stub_end

@@ -120,7 +120,8 @@ static_assert(offsetof(LoaderStart, created) == REMORA_X86_64_START_CREATED);
 // (tgkill, 234, is not in nr:: yet; the stub's own table names it.)
 static_assert(nr::kRtSigreturn == REMORA_X86_64_NR_RT_SIGRETURN && nr::kMadvise == REMORA_X86_64_NR_MADVISE &&
               nr::kGetpid == REMORA_X86_64_NR_GETPID && nr::kPrctl == REMORA_X86_64_NR_PRCTL &&
-              nr::kGettid == REMORA_X86_64_NR_GETTID && nr::kMmap == REMORA_X86_64_NR_MMAP);
+              nr::kGettid == REMORA_X86_64_NR_GETTID && nr::kMmap == REMORA_X86_64_NR_MMAP &&
+              nr::kMprotect == REMORA_X86_64_NR_MPROTECT);
 
 #if defined(__x86_64__)
 // Only where x86_64_stub.S is assembled (src/arch/CMakeLists.txt): the arch

@@ -46,11 +46,14 @@
  *    signal with the thread already restored. Untraced (the controller
  *    died) the marker is a signal the process ignores, and is discarded.
  *  scratch setup (a function: rdi = base, rsi = size, rdx = name):
+ *    mprotect(base + page, size - page, PROT_READ | PROT_WRITE) for the
+ *    data pages (on failure it returns that -errno and does nothing else),
  *    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) (its failure
- *    on kernels without anonymous VMA names is harmless), then returns
- *    madvise(base, size, MADV_DONTFORK). Run once as the marked call that
- *    completes a new scratch mapping: two system calls that would otherwise
- *    cost two ptrace stops each.
+ *    on kernels without anonymous VMA names is harmless), madvise(base,
+ *    size, MADV_DONTFORK); returns 0. Run once as the marked call that
+ *    completes a new scratch mapping, with its result slot on the frame (the
+ *    scratch's own echo slot lies in the pages it makes writable): three
+ *    system calls that would otherwise cost two ptrace stops each.
  *  loader start (a function: rdi = a LoaderStart, arch/loader_block.h):
  *    mmap of the loader thread's stack, pthread_attr_init and
  *    pthread_attr_setstack naming it, then pthread_create of the thread
@@ -164,27 +167,6 @@ remora_x86_64_stub:
   REMORA_EXPECT_DISTANCE(.Lmarked_call_entry, .Lmarked_call_return_syscall_end,
                          REMORA_X86_64_STUB_MARKED_CALL_RETURN_SYSCALL_END - REMORA_X86_64_STUB_MARKED_CALL_ENTRY)
 
-/* ---- scratch setup: a function (rdi = base, rsi = size, rdx = name) ---- */
-  REMORA_AT(REMORA_X86_64_STUB_SCRATCH_SETUP)
-.Lscratch_setup:
-  mov %rdx, %r8                        /* prctl arg 5: name */
-  mov %rsi, %r10                       /* prctl arg 4: size (r10 for syscalls) */
-  mov %rdi, %rdx                       /* prctl arg 3: base */
-  mov %rdi, %r9                        /* base, kept for madvise */
-  xor %esi, %esi                       /* PR_SET_VMA_ANON_NAME */
-  .if REMORA_X86_64_PR_SET_VMA_ANON_NAME != 0
-    .error "x86_64_stub.S: PR_SET_VMA_ANON_NAME is not 0, but the stub loads it with xor: use a mov"
-  .endif
-  mov $REMORA_X86_64_PR_SET_VMA, %edi
-  mov $REMORA_X86_64_NR_PRCTL, %eax
-  syscall                              /* failure is harmless (older kernels) */
-  mov %r9, %rdi                        /* base */
-  mov %r10, %rsi                       /* size */
-  mov $REMORA_X86_64_MADV_DONTFORK, %edx
-  mov $REMORA_X86_64_NR_MADVISE, %eax
-  syscall
-  ret                                  /* madvise's result */
-
 /* ---- loader start: a function (rdi = LoaderStart*; arch/loader_block.h) ----
  * Entered with the ABI's call alignment (rsp = 8 mod 16). */
   REMORA_AT(REMORA_X86_64_STUB_LOADER_START)
@@ -234,6 +216,37 @@ remora_x86_64_stub:
   pop %r12
   pop %rbx
   ret                                  /* pthread_create's result, or mmap's -errno */
+
+/* ---- scratch setup: a function (rdi = base, rsi = size, rdx = name) ----
+ * After the loader start: it outgrew the room before it. */
+  REMORA_AT(REMORA_X86_64_STUB_SCRATCH_SETUP)
+.Lscratch_setup:
+  mov %rdi, %r9                        /* base, size and name survive the syscalls */
+  mov %rsi, %r10                       /* (r10 is prctl's arg 4: the size) */
+  mov %rdx, %r8                        /* prctl arg 5: name */
+  lea REMORA_X86_64_PAGE(%r9), %rdi    /* mprotect(base + page, size - page, RW): */
+  lea -REMORA_X86_64_PAGE(%r10), %rsi  /* the data pages after the code's */
+  mov $REMORA_X86_64_DATA_PROT, %edx
+  mov $REMORA_X86_64_NR_MPROTECT, %eax
+  syscall
+  test %rax, %rax
+  jnz .Lsetup_out                      /* -errno: nothing else done (the data stays read-only) */
+  mov %r9, %rdx                        /* prctl arg 3: base */
+  xor %esi, %esi                       /* PR_SET_VMA_ANON_NAME */
+  .if REMORA_X86_64_PR_SET_VMA_ANON_NAME != 0
+    .error "x86_64_stub.S: PR_SET_VMA_ANON_NAME is not 0, but the stub loads it with xor: use a mov"
+  .endif
+  mov $REMORA_X86_64_PR_SET_VMA, %edi
+  mov $REMORA_X86_64_NR_PRCTL, %eax
+  syscall                              /* failure is harmless (older kernels) */
+  mov %r9, %rdi                        /* base */
+  mov %r10, %rsi                       /* size */
+  mov $REMORA_X86_64_MADV_DONTFORK, %edx
+  mov $REMORA_X86_64_NR_MADVISE, %eax
+  syscall                              /* its failure is not the scratch's: ignored */
+  xor %eax, %eax
+.Lsetup_out:
+  ret                                  /* 0, or mprotect's -errno */
 
   REMORA_AT(REMORA_X86_64_STUB_SIZE)
   .globl remora_x86_64_stub_end

@@ -137,6 +137,10 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     // code it would run it from (Target::close).
     if (is_syscall) return syscall(static_cast<long>(fn_or_nr), args);
     auto first = REMORA_TRY(function_call(fn_or_nr, args, direct));
+    if (setup_call_) {
+      REMORA_TRY(check_setup(first));
+      setup_call_ = false;
+    }
     if (then == nullptr) return first;
     return then_call(*then);
   };
@@ -317,40 +321,61 @@ Result<void> Transaction::create_scratch(bool is_syscall, uint64_t& fn_or_nr, st
         a::nr::kMmap, static_cast<int64_t>(base));
   const uint64_t b = base;
   static const char kName[] = "remora-scratch";
-  auto steps = [&]() -> Result<void> {
-    // The header first, in the same write as the name and the stubs: until
-    // it is there, a controller that dies leaves a mapping nobody can tell
-    // from the program's own (remote/scratch.h).
-    std::vector<std::byte> head(kScratchStub + a::Stub::kSize);
-    const ScratchHeader h = own_header(b);
-    std::memcpy(head.data(), &h, sizeof h);
-    std::memcpy(head.data() + kScratchNameOffset, kName, sizeof kName);
-    const auto code = a::stub_code();
-    std::memcpy(head.data() + kScratchStub, code.data(), code.size());
-    REMORA_TRY(im_.mem.write(b, head));
-    auto prot = REMORA_TRY(
-        syscall(a::nr::kMprotect, {b + kPage, kScratchSize - kPage, PROT_READ | PROT_WRITE, 0, 0, 0}));
-    if (prot != 0)
-      return im_.seccomp_guard.denial_error(
-          Error(Errc::kIo, "mprotect of the scratch's data failed in the target",
-                static_cast<int>(-static_cast<int64_t>(prot))),
-          tid_, a::nr::kMprotect, static_cast<int64_t>(prot));
-    return ok();
-  };
-  if (auto r = steps(); !r) {
+  // The header first, in the same write as the name and the stubs: until
+  // it is there, a controller that dies leaves a mapping nobody can tell
+  // from the program's own (remote/scratch.h).
+  std::vector<std::byte> head(kScratchStub + a::Stub::kSize);
+  const ScratchHeader h = own_header(b);
+  std::memcpy(head.data(), &h, sizeof h);
+  std::memcpy(head.data() + kScratchNameOffset, kName, sizeof kName);
+  const auto code = a::stub_code();
+  std::memcpy(head.data() + kScratchStub, code.data(), code.size());
+  if (auto r = im_.mem.write(b, head); !r) {
     (void)syscall(a::nr::kMunmap, {b, kScratchSize, 0, 0, 0, 0});
     return std::move(r).error().with_context("prepare the scratch mapping");
   }
   im_.adopt_own_scratch(b);
   if (!is_syscall && fn_or_nr == kSetupRequest) {
-    // The request is the scratch's own setup (arch::x86_64::Stub): named so
-    // that a person reading /proc/PID/maps sees what it is (Linux 5.17+ with
-    // CONFIG_ANON_VMA_NAME; failure is harmless), and never inherited by a
-    // fork of the target.
+    // The request is the scratch's own setup (arch::x86_64::Stub): its data
+    // pages made writable (until then only /proc/PID/mem writes them), named
+    // so that a person reading /proc/PID/maps sees what it is (Linux 5.17+
+    // with CONFIG_ANON_VMA_NAME; failure is harmless), and never inherited
+    // by a fork of the target.
     fn_or_nr = *im_.scratch + a::Stub::kScratchSetup;
     args = {b, kScratchSize, b + kScratchNameOffset, 0, 0, 0};
+    setup_call_ = true;
   }
   return ok();
+}
+
+// Removes a scratch whose setup failed, on the thread still held: through
+// libc's system call gadget (the scratch is no longer ours to call into),
+// with every signal blocked; the release restores registers and mask.
+Result<void> Transaction::remove_failed_scratch(uint64_t base) {
+  REMORA_TRY(ptrace::set_sigmask(tid_, ~uint64_t{0}));
+  modified_ = true;
+  const auto r = REMORA_TRY(syscall(a::nr::kMunmap, {base, kScratchSize, 0, 0, 0, 0}));
+  if (r != 0) return Error(Errc::kIo, "munmap failed in the target", static_cast<int>(-static_cast<int64_t>(r)));
+  return ok();
+}
+
+// The setup routine's result (create_scratch): 0, or the -errno of the
+// mprotect that makes the scratch's data writable. Without it the scratch
+// cannot take a marked call (its echo slot is in those pages): it goes
+// again, through the system call stub, which needs no data page.
+Result<void> Transaction::check_setup(uint64_t value) {
+  if (value == 0) return ok();
+  const uint64_t b = im_.scratch_base;
+  Error e = im_.seccomp_guard.denial_error(
+      Error(Errc::kIo, "mprotect of the scratch's data failed in the target",
+            static_cast<int>(-static_cast<int64_t>(value))),
+      tid_, a::nr::kMprotect, static_cast<int64_t>(value));
+  im_.scratch.reset();
+  im_.scratch_owned = false;
+  if (auto gone = remove_failed_scratch(b); !gone)
+    return std::move(e).with_context("prepare the scratch mapping (it could not be removed again: " +
+                                     gone.error().to_string() + ")");
+  return std::move(e).with_context("prepare the scratch mapping");
 }
 
 // The call that follows the new scratch's setup in the same transaction
@@ -400,7 +425,9 @@ Result<uint64_t> Transaction::function_call(uint64_t fn, const std::array<uint64
   // result slot stays on the frame.
   a::FramePlan plan = frame_;
   if (im_.scratch_owned) {
-    plan.result_slot = im_.scratch_base + kScratchEcho;
+    // Not the setup's: its slot stays on the frame, as the echo slot lies in
+    // the pages it makes writable (a failed mprotect must not fault).
+    if (!setup_call_) plan.result_slot = im_.scratch_base + kScratchEcho;
     const std::array<uint64_t, 3> busy = {cookie_, static_cast<uint64_t>(tid_), plan.call_sp};
     REMORA_TRY_CTX(im_.mem.write(im_.scratch_base + kScratchCookieOffset, std::as_bytes(std::span(busy))),
                    "mark the scratch busy");
@@ -413,7 +440,10 @@ Result<uint64_t> Transaction::function_call(uint64_t fn, const std::array<uint64
   if (marker_ != 0) {
     auto value = REMORA_TRY(run_marked(a::call_return_end(stub, true)));
     if (modified_ && frame_is_exact_) modified_ = false;  // detached at rt_sigreturn's entry
-    busy_marked_ = false;                                 // the stub echoed the cookie
+    if (setup_call_)
+      clear_busy();  // the stub echoed the cookie on the frame: the call is over all the same
+    else
+      busy_marked_ = false;  // the stub echoed the cookie
     return value;
   }
   auto value = REMORA_TRY(run_until(a::nr::kRtSigreturn, a::call_return_end(stub, false), true));

@@ -70,6 +70,8 @@ class Transaction {
   Result<void> enter_restore_path(bool direct);
   Result<void> create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args);
   Result<uint64_t> then_call(const Target::Prepare& then);
+  Result<void> check_setup(uint64_t value);
+  Result<void> remove_failed_scratch(uint64_t base);
   Result<uint64_t> function_call(uint64_t fn, const std::array<uint64_t, 6>& args, bool direct);
 
   // One kind of stop each (LLDB's MonitorSIGTRAP/MonitorSignal).
@@ -111,6 +113,7 @@ class Transaction {
   uint64_t result_slot_ = 0;  // where the marked stub writes result and cookie
   bool busy_marked_ = false;  // our scratch's header says this call is in flight
   bool chained_ = false;      // a second call followed the first (then_call)
+  bool setup_call_ = false;   // the call in flight is a new scratch's setup routine
   bool restored_at_marker_ = false;  // the last marked call ended restored, in the marker's stop
   arch::host::FramePlan frame_;
 };

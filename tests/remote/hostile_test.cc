@@ -392,12 +392,15 @@ TEST_F(Hostile, PreparedCallMakesTheScratchInItsTransaction) {
       EXPECT_EQ(r->value, s.size()) << role << ", call " << round;
       EXPECT_EQ(r->tid, tid) << role;
       printf("  %-9s call %d: %d stops\n", role.c_str(), round, r->stops);
-      // The interrupt and the setup's own stops (and the marker) came with it.
+      // On the thread in read(2): the first call took the interrupt, the
+      // setup's own stops and both markers in one transaction; the second is
+      // a plain marked call (2). (Threads in mask-swapping calls, ppoll and
+      // epoll_pwait on aarch64, take more stops for each call.)
       if (round == 0 && role == "read") {
         EXPECT_GT(r->stops, 2) << "the scratch's creation and the call were not one transaction";
       }
-      if (round == 1) {
-        EXPECT_EQ(r->stops, 2) << role << ": a prepared call into an existing scratch";
+      if (round == 1 && role == "read") {
+        EXPECT_EQ(r->stops, 2) << "a prepared call into an existing scratch";
       }
     }
     EXPECT_EQ(prepared, 2) << role;
