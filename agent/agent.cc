@@ -10,6 +10,7 @@
 // held: it uses no CPU, it never receives the application's signals, and a
 // remote call on it can never deadlock on a lock the thread itself holds.
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <link.h>
 #include <linux/futex.h>
@@ -23,6 +24,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "agent/protocol.h"
@@ -80,7 +82,37 @@ Tool g_tools[kMaxTools];
 int g_tool_count = 0;
 bool g_loaded = false;
 bool g_exit_registered = false;
+// The listener's futex word: kUnloadBit once remora_agent_unload ran (the
+// listener returns), kWorkBit while g_work waits for it.
 uint32_t g_futex_word = 0;
+constexpr uint32_t kUnloadBit = 1, kWorkBit = 2;
+// What remora_agent_loader_attach hands the listener: the attach to run
+// once its loader thread is gone (so that the listener's allocations reuse
+// that thread's malloc arena, as a remote call after it would), then the
+// ranges to retire. One at a time (g_work_lock): a second loading
+// controller's hook is refused (busy) and that controller goes the remote
+// call's way. The strings are copied here: the scratch they came in may go.
+constexpr size_t kWorkBytes = 8192;
+struct LoaderWork {
+  bool queued;  // handed over, not finished yet
+  pid_t tid;    // the loader thread
+  uint64_t id, ack_timeout_ms, scratch_magic;
+  uintptr_t start[2];
+  size_t size[2];
+  bool has_env;
+  char env[kWorkBytes];
+  char list[kWorkBytes];
+};
+LoaderWork g_work;
+pthread_mutex_t g_work_lock = PTHREAD_MUTEX_INITIALIZER;
+// True while the listener runs a handed-off attach: a remote call that
+// interrupts it there (another controller's) must not run an entry point
+// within that attach, on the same thread, under the lock it holds. Only the
+// listener sets and reads it.
+bool g_listener_busy = false;
+// Orders register_fork_lock's callers: the listener, and the loader thread
+// of a remora_agent_loader_attach.
+pthread_mutex_t g_fork_register_lock = PTHREAD_MUTEX_INITIALIZER;
 
 // Lease: a pipe whose only write end the controller holds. EOF (POLLHUP)
 // means the controller is gone.
@@ -433,17 +465,94 @@ int arm_lease_locked(int32_t read_fd, int32_t controller_pid) {
 
 // ---- listener ----
 
+// Unmaps what a remora_agent_loader_attach handed over, once its loader
+// thread is gone: until then that thread runs on the stack and returns into
+// the code those ranges hold. tgkill(0) fails with ESRCH only once the
+// thread has left for good. A thread still there after 5 s keeps its
+// ranges (a leak, never a fault).
+uint64_t monotonic_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1000000;
+}
+
+// The scratch's header still at `base` (read without faulting: a range
+// another controller removed reads nothing).
+bool still_scratch(uintptr_t base, uint64_t magic) {
+  uint64_t head[3] = {};
+  iovec local{head, sizeof head}, remote{reinterpret_cast<void*>(base), sizeof head};
+  return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof head) &&
+         head[0] == magic && head[2] == base;
+}
+
+// Waits (20 us naps) until `done` says so or `until` (monotonic ms) passes.
+template <typename Done>
+bool wait_until(Done done, uint64_t until) {
+  while (!done()) {
+    if (monotonic_ms() >= until) return done();
+    timespec ts{0, 20000};
+    nanosleep(&ts, nullptr);
+  }
+  return true;
+}
+
+int attach_entry(const void* env_buffer, const char* tool_list);  // remora_agent_attach's body
+
+// A remote call on the listener while it runs a handed-off attach (another
+// controller's): refused at once, before any lock, allocation or message.
+bool listener_busy() { return __atomic_load_n(&g_listener_busy, __ATOMIC_RELAXED); }
+
+// The work a loader thread handed over (remora_agent_loader_attach): once
+// that thread is gone, the attach, as the remote call would run it (its
+// result in loader_rc, then loader_done = the request's id); then, once the
+// controller says it is done with its scratch (retire_go) or the request's
+// timeout passed (the controller died), the ranges: the scratch only while
+// its header is still there (never what another controller's reclaim left
+// in its place), the stack only if the loader ran on it. A thread still
+// there after the timeout keeps them (a leak, never a fault).
+void run_loader_work() {
+  LoaderWork& w = g_work;
+  const pid_t self = getpid();
+  const uint64_t until = monotonic_ms() + w.ack_timeout_ms;
+  auto loader_gone = [&] { return syscall(SYS_tgkill, self, w.tid, 0) != 0; };
+  const bool gone = wait_until(loader_gone, until);
+  __atomic_store_n(&g_listener_busy, true, __ATOMIC_RELAXED);
+  const int rc = attach_entry(w.has_env ? w.env : nullptr, w.list);
+  __atomic_store_n(&g_listener_busy, false, __ATOMIC_RELAXED);
+  remora_agent_info.loader_rc = rc;
+  __atomic_store_n(&remora_agent_info.loader_done, w.id, __ATOMIC_RELEASE);
+  wait_until([&] { return __atomic_load_n(&remora_agent_info.retire_go, __ATOMIC_ACQUIRE) == w.id; }, until);
+  if (gone || loader_gone()) {
+    if (w.start[0] != 0 && w.size[0] != 0 && still_scratch(w.start[0], w.scratch_magic))
+      munmap(reinterpret_cast<void*>(w.start[0]), w.size[0]);
+    if (w.start[1] != 0 && w.size[1] != 0) munmap(reinterpret_cast<void*>(w.start[1]), w.size[1]);
+  }
+  pthread_mutex_lock(&g_work_lock);
+  w.queued = false;
+  __atomic_store_n(&remora_agent_info.retire_pending, 0, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&g_work_lock);
+}
+
 void* listener_main(void*) {
   pthread_setname_np(pthread_self(), "remora-listen");
   __atomic_store_n(&remora_agent_info.listener_tid, static_cast<int32_t>(syscall(SYS_gettid)),
                    __ATOMIC_RELEASE);
-  // Woken by nobody: the controller seizes this thread while it waits here
-  // (FUTEX_WAIT restarts transparently after the remote call). Only
-  // remora_agent_unload changes the word, within a remote call on this very
-  // thread: the restarted wait then finds it changed (EAGAIN) and the
-  // listener returns, out of the agent's code for good.
-  while (__atomic_load_n(&g_futex_word, __ATOMIC_ACQUIRE) == 0)
-    syscall(SYS_futex, &g_futex_word, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+  // Woken only by remora_agent_loader_attach, which hands us its work
+  // (kWorkBit): the controller seizes this thread while it waits here
+  // (FUTEX_WAIT restarts transparently after the remote call).
+  // remora_agent_unload sets kUnloadBit within a remote call on this very
+  // thread: the restarted wait then finds the word changed (EAGAIN) and the
+  // listener returns, out of the agent's code for good (a retire first).
+  for (;;) {
+    const uint32_t w = __atomic_load_n(&g_futex_word, __ATOMIC_ACQUIRE);
+    if ((w & kWorkBit) != 0) {
+      __atomic_fetch_and(&g_futex_word, ~kWorkBit, __ATOMIC_ACQ_REL);
+      run_loader_work();
+      continue;
+    }
+    if ((w & kUnloadBit) != 0) break;
+    syscall(SYS_futex, &g_futex_word, FUTEX_WAIT_PRIVATE, w, nullptr, nullptr, 0);
+  }
   return nullptr;
 }
 
@@ -496,8 +605,13 @@ void unlock_after_fork() {
 // the prepare handlers under the lock pthread_atfork takes: a fork waiting
 // for g_lock there would wait for us for good). Only the listener runs it.
 void register_fork_lock() {
-  if (g_fork_handler_after == g_tool_loads) return;
-  if (pthread_atfork(lock_for_fork, unlock_after_fork, nullptr) == 0) g_fork_handler_after = g_tool_loads;
+  pthread_mutex_lock(&g_lock);
+  const unsigned loads = g_tool_loads;
+  pthread_mutex_unlock(&g_lock);
+  pthread_mutex_lock(&g_fork_register_lock);
+  if (g_fork_handler_after != loads && pthread_atfork(lock_for_fork, unlock_after_fork, nullptr) == 0)
+    g_fork_handler_after = loads;
+  pthread_mutex_unlock(&g_fork_register_lock);
 }
 
 // The child keeps its parent's session (REMORA_AGENT_FEATURE_FORK_LEASE):
@@ -536,7 +650,16 @@ void after_fork_child() {
   pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
   pthread_mutex_init(&g_lock, &attr);
   pthread_mutexattr_destroy(&attr);
+  pthread_mutex_init(&g_fork_register_lock, nullptr);
   g_fork_locked = false;
+  // Work handed to the parent's listener is the parent's: the loader thread
+  // is not ours, and the scratch (MADV_DONTFORK) did not come along.
+  __atomic_fetch_and(&g_futex_word, ~kWorkBit, __ATOMIC_ACQ_REL);
+  pthread_mutex_init(&g_work_lock, nullptr);
+  g_work.queued = false;
+  remora_agent_info.retire_pending = 0;
+  g_listener_busy = false;
+  remora_agent_info.retire_pending = 0;
   // Until the new listener publishes its tid (start_listener, last), the
   // info block is not this process's yet: a controller waits for a
   // listener that is a thread of the child (before this handler ran, the
@@ -562,7 +685,7 @@ __attribute__((constructor)) void agent_init() {
   remora_agent_info.version = REMORA_AGENT_PROTOCOL_VERSION;
   remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER |
                                REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD |
-                               REMORA_AGENT_FEATURE_FORK_LEASE;
+                               REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH;
   pthread_atfork(nullptr, nullptr, after_fork_child);
   start_listener();
   __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
@@ -632,9 +755,7 @@ int attach_locked(const void* env_buffer, const char* tool_list) {
   return rc;
 }
 
-}  // namespace
-
-REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
+int attach_entry(const void* env_buffer, const char* tool_list) {
   pthread_mutex_lock(&g_lock);
   int rc = finish(attach_locked(env_buffer, tool_list));
   pthread_mutex_unlock(&g_lock);
@@ -642,11 +763,58 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
   return rc;
 }
 
+}  // namespace
+
+REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
+  return attach_entry(env_buffer, tool_list);
+}
+
+// See agent/protocol.h: the first attach, on the controller's loader thread
+// (the trampoline's hook), right after the dlopen that loaded the agent (the
+// loader lock is free again). The listener removes the ranges once this
+// thread is gone.
+REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* r) {
+  if (r == nullptr || r->magic != REMORA_AGENT_LOADER_MAGIC || r->tool_list == 0) return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  const char* list = reinterpret_cast<const char*>(r->tool_list);
+  const size_t list_len = strnlen(list, kWorkBytes);
+  if (list_len == kWorkBytes || r->env_size > kWorkBytes) return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  pthread_mutex_lock(&g_work_lock);
+  if (g_work.queued) {  // another controller's, not finished yet
+    pthread_mutex_unlock(&g_work_lock);
+    return REMORA_AGENT_ERR_BUSY;
+  }
+  LoaderWork& w = g_work;
+  w.queued = true;
+  w.tid = static_cast<pid_t>(syscall(SYS_gettid));
+  w.id = r->id;
+  w.ack_timeout_ms = r->ack_timeout_ms;
+  w.scratch_magic = r->scratch_magic;
+  // The stack range only when this thread runs on it (else it is libc's,
+  // or mapped and unused: its controller removes that one).
+  const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  const bool own_stack = r->retire[1][1] != 0 && here >= r->retire[1][0] && here < r->retire[1][0] + r->retire[1][1];
+  for (int i = 0; i < 2; ++i) {
+    const bool take = i == 0 || own_stack;
+    w.start[i] = take ? static_cast<uintptr_t>(r->retire[i][0]) : 0;
+    w.size[i] = take ? static_cast<size_t>(r->retire[i][1]) : 0;
+  }
+  memcpy(w.list, list, list_len + 1);
+  w.has_env = r->env_buffer != 0;
+  if (w.has_env) memcpy(w.env, reinterpret_cast<const void*>(r->env_buffer), r->env_size);
+  __atomic_store_n(&remora_agent_info.retire_pending, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&g_work_lock);
+  __atomic_fetch_or(&g_futex_word, kWorkBit, __ATOMIC_RELEASE);
+  syscall(SYS_futex, &g_futex_word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  return REMORA_AGENT_OK;  // taken: the listener attaches once this thread is gone
+}
+
 // The first attach after the agent was loaded. [scratch, scratch + size) is
 // the controller's own scratch mapping, through which it loaded the agent;
 // no thread runs in it any more, and removing it here saves a remote call.
 REMORA_EXPORT int remora_agent_attach_unmap(const void* env_buffer, const char* tool_list, void* scratch,
                                             size_t size) {
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   if (scratch != nullptr && size != 0) munmap(scratch, size);
   return remora_agent_attach(env_buffer, tool_list);
 }
@@ -659,6 +827,10 @@ REMORA_EXPORT int remora_agent_attach_unmap(const void* env_buffer, const char* 
 // orders them against the watcher and exit.
 REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char* tool_list, void* scratch,
                                              size_t size, int32_t lease_fd, int32_t controller_pid) {
+  if (listener_busy()) {
+    close(lease_fd);  // ours from the call on, as always
+    return REMORA_AGENT_ERR_BUSY;
+  }
   if (scratch != nullptr && size != 0) munmap(scratch, size);
   pthread_mutex_lock(&g_lock);
   int rc = REMORA_AGENT_OK;
@@ -737,6 +909,7 @@ void dlclose_tools_locked() {
 // See agent/protocol.h. Runs on the listener; the lock is taken for the
 // last time here (the watcher is joined, so nobody else ever takes it).
 REMORA_EXPORT int remora_agent_unload(void) {
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   pthread_mutex_lock(&g_lock);
   if (remora_agent_info.attached) {
     stop_lease_locked();
@@ -753,12 +926,13 @@ REMORA_EXPORT int remora_agent_unload(void) {
               RTLD_DL_LINKMAP) != 0)
     remora_agent_info.self_handle = reinterpret_cast<uint64_t>(self);
   remora_agent_info.unloading = 1;
-  __atomic_store_n(&g_futex_word, 1u, __ATOMIC_RELEASE);
+  __atomic_fetch_or(&g_futex_word, kUnloadBit, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&g_lock);
   return finish(REMORA_AGENT_OK);
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   pthread_mutex_lock(&g_lock);
   int rc;
   if (!remora_agent_info.attached) {
@@ -778,6 +952,7 @@ REMORA_EXPORT int remora_agent_detach(void) {
 // closed). EOF on it means the controller died: the tools are detached so
 // they flush their data. Takes ownership of read_fd. -1 disarms.
 REMORA_EXPORT int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid) {
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   pthread_mutex_lock(&g_lock);
   int rc = REMORA_AGENT_OK;
   if (read_fd >= 0 && lease_live_locked() && remora_agent_info.lease_pid != controller_pid) {

@@ -21,7 +21,9 @@
 /* 4: REMORA_AGENT_FEATURE_FORK_LEASE; the reserved field of protocol 3 is
  * forked_from (it read 0 before, and still does in a process that was not
  * forked while attached). */
-#define REMORA_AGENT_PROTOCOL_VERSION 4u
+/* 5: REMORA_AGENT_FEATURE_LOADER_ATTACH (remora_agent_loader_attach) and
+ * the field at the end of the info block, retire_pending. */
+#define REMORA_AGENT_PROTOCOL_VERSION 5u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -51,6 +53,12 @@
  * copies a session half-made. A controller that finds the bit clear arms a
  * lease of its own in such a child (remora_agent_set_lease). */
 #define REMORA_AGENT_FEATURE_FORK_LEASE 0x10u
+/* remora_agent_loader_attach: a first attach without a lease runs on the
+ * controller's loader thread, right after the dlopen that loaded the agent
+ * (the thread trampoline's hook, arch/loader_block.h), instead of in a
+ * remote call on the listener; the listener then removes the controller's
+ * scratch and the loader's stack once that thread is gone. */
+#define REMORA_AGENT_FEATURE_LOADER_ATTACH 0x20u
 
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
@@ -64,6 +72,10 @@ enum remora_agent_result {
   REMORA_AGENT_ERR_NOT_ATTACHED = 7,    /* detach without attach */
   REMORA_AGENT_ERR_ALREADY_ATTACHED = 8,
   REMORA_AGENT_ERR_LEASE = 9, /* the lease could not be armed */
+  /* Protocol 5: the listener was running an attach a loader thread handed
+   * it (remora_agent_loader_attach) when this call interrupted it: nothing
+   * done, info untouched; try again once that attach is over. */
+  REMORA_AGENT_ERR_BUSY = 10,
 };
 
 /* Exported by the agent as `remora_agent_info`. Written only by the agent
@@ -87,6 +99,35 @@ struct remora_agent_info {
   int32_t unloading;    /* 1 once remora_agent_unload ran: the listener is leaving */
   int32_t forked_from;  /* protocol 4: the parent (this process's view) when it was forked attached, else 0 */
   char kept[REMORA_AGENT_TOOLS_SIZE]; /* tools remora_agent_unload could not unload, ':'-separated */
+  /* Protocol 5: 1 from a remora_agent_loader_attach until the listener has
+   * removed what it was given to retire (or found nothing to remove). */
+  int32_t retire_pending;
+  int32_t loader_rc;    /* the result of that attach, once loader_done names it */
+  uint64_t loader_done; /* the id of the last loader attach the listener ran */
+  /* The one word the controller writes: the id of a loader attach whose
+   * controller has read all it needs from its scratch (the listener
+   * retires it only then, or once the request's ack_timeout_ms passed). */
+  uint64_t retire_go;
+};
+
+/* The argument of remora_agent_loader_attach, in the controller's scratch
+ * (read before the hook returns, never after). */
+#define REMORA_AGENT_LOADER_MAGIC 0x52454d4f524c4452ull /* "REMORLDR" */
+struct remora_agent_loader_request {
+  uint64_t magic;         /* REMORA_AGENT_LOADER_MAGIC */
+  uint64_t env_buffer;    /* as remora_agent_attach's (0: none) */
+  uint64_t env_size;      /* its bytes (at most 8192, as the tool list) */
+  uint64_t tool_list;     /* as remora_agent_attach's */
+  /* {start, size}: the controller's scratch, and the loader thread's stack
+   * (taken only when the thread runs on exactly it), unmapped once that
+   * thread is gone; {0, 0}: none. */
+  uint64_t retire[2][2];
+  uint64_t id;              /* what retire_go says once the controller is done with its scratch */
+  uint64_t ack_timeout_ms;  /* without that word: retired after this long (the controller died) */
+  /* retire[0] is unmapped only while its first 8 bytes are still this and
+   * its word at offset 16 is its own address (the scratch's header: not
+   * removed and replaced meanwhile by another controller's reclaim). */
+  uint64_t scratch_magic;
 };
 
 /* Entry points, all run on the listener thread by a remote call:
@@ -124,6 +165,20 @@ struct remora_agent_info {
  *     (never the listener, whose code that is; never an interrupted thread,
  *     which may hold the loader lock). After this call the agent takes no
  *     more calls: a later attach loads it afresh.
+ * int remora_agent_loader_attach(const struct remora_agent_loader_request* r);
+ *     Protocol 5. Not a remote call: the controller's loader thread calls it
+ *     (the trampoline's hook) once its dlopen of the agent returned. It
+ *     copies the request and hands it to the listener (retire_pending = 1)
+ *     and returns 0 (BUSY while another one is in progress, BAD_ARGUMENT:
+ *     not taken). Once the loader thread is gone, the listener runs the
+ *     attach of remora_agent_attach as that call would (every tool callback
+ *     still runs on the listener) and publishes its result (loader_rc, then
+ *     loader_done = r->id); then, once the controller wrote r->id into
+ *     retire_go (it read all it needs from its scratch) or r->ack_timeout_ms
+ *     passed, it unmaps r->retire (the scratch while its header is still
+ *     there, the stack only if the loader thread ran on it) and clears
+ *     retire_pending. Only for an attach without a lease: a leased attach is
+ *     a remote call.
  * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
  *     read_fd: read end of a pipe whose only write end the controller holds
  *     (-1 disarms); controller_pid is informational. Refuses (ERR_LEASE,

@@ -185,6 +185,7 @@ struct Stub {
   static constexpr uint64_t kSyscallEntry = REMORA_AARCH64_STUB_SYSCALL_ENTRY;
   static constexpr uint64_t kSyscallEnd = REMORA_AARCH64_STUB_SYSCALL_END;
   static constexpr uint64_t kThreadTrampoline = REMORA_AARCH64_STUB_THREAD_TRAMPOLINE;
+  static constexpr uint64_t kThreadHook = REMORA_AARCH64_STUB_THREAD_HOOK;  // the trampoline's end
   static constexpr uint64_t kMarkedCallEntry = REMORA_AARCH64_STUB_MARKED_CALL_ENTRY;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END;
   static constexpr uint64_t kScratchSetup = REMORA_AARCH64_STUB_SCRATCH_SETUP;

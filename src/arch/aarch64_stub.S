@@ -116,13 +116,7 @@ remora_aarch64_stub:
   ldr x16, [x19, #REMORA_AARCH64_LOADER_DLERROR_FN]
   blr x16
   str x0, [x19, #REMORA_AARCH64_LOADER_ERROR]
-  mov x0, #1
-  add x1, x19, #REMORA_AARCH64_LOADER_DONE
-  stlr x0, [x1]                             /* done: the trampoline's last store */
-  mov x0, #0                                /* the thread's result: NULL */
-  ldr x19, [sp, #16]
-  ldp x29, x30, [sp], #32
-  ret                                       /* into libc's thread exit */
+  b .Lthread_hook                           /* the rest at the block's end */
 
 /* ---- marked call stub ---- */
   REMORA_AT(REMORA_AARCH64_STUB_MARKED_CALL_ENTRY)
@@ -224,6 +218,31 @@ remora_aarch64_stub:
   mov x0, #0
 1:
   ret                                       /* 0, or mprotect's -errno */
+
+/* ---- the thread trampoline's end (x19 = the block): the hook, when it
+ * is asked for and found, then `done` ---- */
+  REMORA_AT(REMORA_AARCH64_STUB_THREAD_HOOK)
+.Lthread_hook:
+  ldr x1, [x19, #REMORA_AARCH64_LOADER_HOOK_NAME]
+  cbz x1, 1f                                /* no hook asked for */
+  ldr x0, [x19, #REMORA_AARCH64_LOADER_HANDLE]
+  cbz x0, 1f                                /* nothing loaded */
+  ldr x16, [x19, #REMORA_AARCH64_LOADER_DLSYM_FN]
+  blr x16
+  cbz x0, 1f                                /* the library has no such function */
+  mov x16, x0
+  ldr x0, [x19, #REMORA_AARCH64_LOADER_HOOK_ARG]
+  blr x16
+  sxtw x0, w0
+  str x0, [x19, #REMORA_AARCH64_LOADER_HOOK_RC]
+1:
+  mov x0, #1
+  add x1, x19, #REMORA_AARCH64_LOADER_DONE
+  stlr x0, [x1]                             /* done: the trampoline's last store */
+  mov x0, #0                                /* the thread's result: NULL */
+  ldr x19, [sp, #16]
+  ldp x29, x30, [sp], #32
+  ret                                       /* into libc's thread exit */
 
   REMORA_AT(REMORA_AARCH64_STUB_SIZE)
   .globl remora_aarch64_stub_end

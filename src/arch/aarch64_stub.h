@@ -22,7 +22,8 @@
 #define REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END 260  // pc after its rt_sigreturn `svc`
 #define REMORA_AARCH64_STUB_SCRATCH_SETUP 576
 #define REMORA_AARCH64_STUB_LOADER_START 384
-#define REMORA_AARCH64_STUB_SIZE 704
+#define REMORA_AARCH64_STUB_THREAD_HOOK 704  // the trampoline's end: the hook, then `done`
+#define REMORA_AARCH64_STUB_SIZE 832
 
 // Offsets in arch::aarch64::LoaderBlock, the thread trampoline's argument.
 #define REMORA_AARCH64_LOADER_DLOPEN_FN 0x00
@@ -35,6 +36,10 @@
 #define REMORA_AARCH64_LOADER_TID 0x38
 #define REMORA_AARCH64_LOADER_DLERROR_FN 0x40
 #define REMORA_AARCH64_LOADER_ERROR 0x48
+#define REMORA_AARCH64_LOADER_DLSYM_FN 0x50
+#define REMORA_AARCH64_LOADER_HOOK_NAME 0x58
+#define REMORA_AARCH64_LOADER_HOOK_ARG 0x60
+#define REMORA_AARCH64_LOADER_HOOK_RC 0x68
 
 // Offsets in arch::LoaderStart, the loader start routine's argument.
 #define REMORA_AARCH64_START_PTHREAD_CREATE_FN 0x00

@@ -20,8 +20,17 @@ struct LoaderBlock {
   uint64_t tid;                // 0x38: the trampoline thread's id
   uint64_t dlerror_fn;         // 0x40
   uint64_t error;              // 0x48: dlerror()'s result
+  // The hook: when hook_name is set and the library loaded, the trampoline
+  // looks that function up in it (dlsym(handle, hook_name)) and, when
+  // found, calls it with hook_arg before it sets `done`; its int result goes
+  // into hook_rc (sign-extended), which otherwise keeps what the controller
+  // wrote. (The agent's remora_agent_loader_attach.)
+  uint64_t dlsym_fn;   // 0x50
+  uint64_t hook_name;  // 0x58
+  uint64_t hook_arg;   // 0x60
+  uint64_t hook_rc;    // 0x68
 };
-static_assert(sizeof(LoaderBlock) == 0x50);
+static_assert(sizeof(LoaderBlock) == 0x70);
 
 // What the loader start routine does, in one call on the interrupted thread
 // (instead of one remote call each): maps the loader thread's own stack,

@@ -152,6 +152,7 @@ SigContext sigcontext_from(const Regs& r, uint64_t fpstate_addr);
 //    cost two ptrace stops each.
 struct Stub {
   static constexpr uint64_t kThreadTrampoline = REMORA_X86_64_STUB_THREAD_TRAMPOLINE;
+  static constexpr uint64_t kThreadHook = REMORA_X86_64_STUB_THREAD_HOOK;  // the trampoline's end
   static constexpr uint64_t kCallEntry = REMORA_X86_64_STUB_CALL_ENTRY;
   static constexpr uint64_t kCallReturnSyscallEnd = REMORA_X86_64_STUB_CALL_RETURN_SYSCALL_END;
   static constexpr uint64_t kSyscallEntry = REMORA_X86_64_STUB_SYSCALL_ENTRY;

@@ -32,8 +32,11 @@
  *
  *  thread trampoline (a pthread start routine; rdi = a LoaderBlock):
  *    records its tid, detaches itself, dlopen(path, flags), records the
- *    handle and dlerror(), then sets `done` as its last store and returns
- *    into libc's thread exit. Used to load the agent on a fresh thread, so
+ *    handle and dlerror(); with a hook asked for (arch/loader_block.h),
+ *    dlsym(handle, hook_name) and, when found, hook(hook_arg) into
+ *    hook_rc (its end sits at the end of the block, where there was room);
+ *    then sets `done` as its last store and returns into libc's thread
+ *    exit. Used to load the agent on a fresh thread, so
  *    that dlopen never runs on an interrupted application thread.
  *  marked call stub (r11 = function, rdi..r9 = arguments, rbx = &frame.uc,
  *  r12 = a 16-byte result slot, r13 = marker signal, r14 = cookie):
@@ -138,10 +141,7 @@ remora_x86_64_stub:
   mov %rax, REMORA_X86_64_LOADER_HANDLE(%rbx)
   call *REMORA_X86_64_LOADER_DLERROR_FN(%rbx)
   mov %rax, REMORA_X86_64_LOADER_ERROR(%rbx)
-  movq $1, REMORA_X86_64_LOADER_DONE(%rbx)  /* done: the trampoline's last store */
-  xor %eax, %eax                       /* the thread's result: NULL */
-  pop %rbx
-  ret                                  /* into libc's thread exit */
+  jmp .Lthread_hook                    /* the rest at the block's end */
 
 /* ---- marked call stub ---- */
   REMORA_AT(REMORA_X86_64_STUB_MARKED_CALL_ENTRY)
@@ -247,6 +247,29 @@ remora_x86_64_stub:
   xor %eax, %eax
 .Lsetup_out:
   ret                                  /* 0, or mprotect's -errno */
+
+/* ---- the thread trampoline's end (rbx = the block, rsp 16-byte aligned):
+ * the hook, when it is asked for and found, then `done` ---- */
+  REMORA_AT(REMORA_X86_64_STUB_THREAD_HOOK)
+.Lthread_hook:
+  mov REMORA_X86_64_LOADER_HOOK_NAME(%rbx), %rsi
+  test %rsi, %rsi
+  jz .Lthread_done                     /* no hook asked for */
+  mov REMORA_X86_64_LOADER_HANDLE(%rbx), %rdi
+  test %rdi, %rdi
+  jz .Lthread_done                     /* nothing loaded */
+  call *REMORA_X86_64_LOADER_DLSYM_FN(%rbx)
+  test %rax, %rax
+  jz .Lthread_done                     /* the library has no such function */
+  mov REMORA_X86_64_LOADER_HOOK_ARG(%rbx), %rdi
+  call *%rax
+  movslq %eax, %rax
+  mov %rax, REMORA_X86_64_LOADER_HOOK_RC(%rbx)
+.Lthread_done:
+  movq $1, REMORA_X86_64_LOADER_DONE(%rbx)  /* done: the trampoline's last store */
+  xor %eax, %eax                       /* the thread's result: NULL */
+  pop %rbx
+  ret                                  /* into libc's thread exit */
 
   REMORA_AT(REMORA_X86_64_STUB_SIZE)
   .globl remora_x86_64_stub_end

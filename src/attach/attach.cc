@@ -54,6 +54,7 @@
 #include "remote/lookup.h"
 #include "remote/memory.h"
 #include "remote/remote_handle.h"
+#include "remote/scratch.h"
 #include "remote/target.h"
 #include "remote/visible_file.h"
 
@@ -123,6 +124,7 @@ Errc errc_for_agent(int rc) {
     case REMORA_AGENT_ERR_DIFFERENT_TOOLS: return Errc::kInvalidArgument;
     case REMORA_AGENT_ERR_NOT_ATTACHED: return Errc::kNotAttached;
     case REMORA_AGENT_ERR_ALREADY_ATTACHED: return Errc::kAlreadyAttached;
+    case REMORA_AGENT_ERR_BUSY: return Errc::kAlreadyAttached;
     default: return Errc::kInternal;
   }
 }
@@ -518,10 +520,29 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
   return fns[0];
 }
 
+// A first attach the loader thread makes itself, right after its dlopen of
+// the agent (the trampoline's hook: the agent's remora_agent_loader_attach),
+// instead of a remote call on the listener: the attach call's whole
+// transaction fewer. Only for an attach without a lease, whose tools the
+// target sees as they are with nothing of theirs to deliver, into a process
+// that is not stopped (loader_attach_for); the agent's listener then removes
+// our scratch and the loader's stack once that thread is gone.
+struct LoaderAttach {
+  std::vector<std::byte> env;
+  std::string list;
+  RemoteAddr dlsym_fn;
+  uint64_t id = 0;                     // the request's, for retire_go
+  std::chrono::milliseconds timeout{};  // the request's ack_timeout_ms
+};
+constexpr uint64_t kHookNotRun = 0x7fffffffffffffffull;  // hook_rc, as written: the hook did not run
+constexpr char kLoaderAttachFn[] = "remora_agent_loader_attach";
+
 // The loader thread at work: `block_at` is its block in the target.
 struct LoaderRun {
   uint64_t block_at = 0;
   x::LoaderBlock block{};
+  const LoaderAttach* hook = nullptr;  // the attach to make on it, if any
+  bool hook_takes_stack = false;       // the agent removes the thread's stack (start_loader_thread)
   uint64_t start_at = 0;  // the loader start routine's block, once written (write_loader)
   x::LoaderStart start{};
   std::array<RemoteAddr, 2> stack_fns{};                    // pthread_attr_init, pthread_attr_setstack
@@ -580,6 +601,44 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
 // The loader thread's own stack (start_loader_thread).
 constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 
+// The hook's request (agent/protocol.h), its strings and the tool list,
+// into the scratch; the block's hook fields name them. The ranges to
+// retire: our scratch (`scratch`, its base), and the stack the loader start
+// routine is asked to map at `stack_hint` (the agent takes it only if the
+// thread runs on exactly it).
+Result<void> write_hook(remote::Target& t, LoaderRun& run, uint64_t scratch, uint64_t stack_hint,
+                        bool own_stack) {
+  const LoaderAttach& h = *run.hook;
+  const size_t name_len = sizeof kLoaderAttachFn, list_len = h.list.size() + 1;
+  remora_agent_loader_request req{};
+  const auto at = REMORA_TRY(t.scratch_alloc(sizeof req + name_len + list_len + h.env.size()));
+  const uint64_t name_at = at.addr() + sizeof req, list_at = name_at + name_len, env_at = list_at + list_len;
+  req.magic = REMORA_AGENT_LOADER_MAGIC;
+  req.env_buffer = h.env.empty() ? 0 : env_at;
+  req.env_size = h.env.size();
+  req.tool_list = list_at;
+  req.retire[0][0] = scratch;
+  req.retire[0][1] = remote::kScratchSize;
+  req.id = h.id;
+  req.ack_timeout_ms = static_cast<uint64_t>(h.timeout.count());
+  req.scratch_magic = remote::kScratchMagic;
+  if (own_stack && stack_hint != 0) {
+    req.retire[1][0] = stack_hint;
+    req.retire[1][1] = kLoaderStackSize;
+  }
+  std::vector<std::byte> bytes(sizeof req + name_len + list_len + h.env.size());
+  std::memcpy(bytes.data(), &req, sizeof req);
+  std::memcpy(bytes.data() + sizeof req, kLoaderAttachFn, name_len);
+  std::memcpy(bytes.data() + sizeof req + name_len, h.list.c_str(), list_len);
+  if (!h.env.empty()) std::memcpy(bytes.data() + sizeof req + name_len + list_len, h.env.data(), h.env.size());
+  REMORA_TRY(t.write(at, bytes));
+  run.block.dlsym_fn = h.dlsym_fn.addr();
+  run.block.hook_name = name_at;
+  run.block.hook_arg = at.addr();
+  run.block.hook_rc = kHookNotRun;
+  return ok();
+}
+
 // Writes what the loader thread works on into the scratch: its block (and,
 // when `path` is given, that path right after it, which block.path then
 // names; dlclose_agent's block names a handle), then the loader start
@@ -597,6 +656,10 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
     run.block.path = run.block_at + sizeof run.block;
     REMORA_TRY(t.write(RemoteAddr(run.block.path), std::as_bytes(std::span(z.c_str(), path_len))));
   }
+  const uint64_t below = t.scratch_address().value_or(0);
+  const uint64_t stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
+  const bool own_stack = !run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack");
+  if (run.hook) REMORA_TRY(write_hook(t, run, below, stack_hint, own_stack));
   REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
   run.before = procfs::list_tasks(t.pid());
   REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
@@ -604,15 +667,14 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   const auto tramp = REMORA_TRY(t.thread_trampoline());
   // The block, then room for the pthread_attr_t (56 bytes on x86_64 and aarch64).
   const auto at = REMORA_TRY(t.scratch_alloc(sizeof(x::LoaderStart) + 64));
-  const uint64_t below = t.scratch_address().value_or(0);
   x::LoaderStart& ls = run.start;
   ls = x::LoaderStart{};
   ls.pthread_create_fn = pthread_create_fn.addr();
-  if (!run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack")) {
+  if (own_stack) {
     ls.attr_init_fn = run.stack_fns[0].addr();
     ls.attr_setstack_fn = run.stack_fns[1].addr();
   }
-  ls.stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
+  ls.stack_hint = stack_hint;
   ls.stack_size = kLoaderStackSize;
   ls.attr = at.addr() + sizeof ls;
   ls.thread_out = thread_out;
@@ -665,6 +727,9 @@ Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn
   }
   if (!rc) return std::move(rc).error().with_context("start the loader thread");
   if (!have_out) return Error(Errc::kIo, "the loader start block could not be read back from the target");
+  // On exactly the stack the hook's request names: the agent removes it.
+  run.hook_takes_stack = run.hook != nullptr && ls.attr_init_fn != 0 && out.attr_status == 0 &&
+                         out.stack == ls.stack_hint && ls.stack_hint != 0;
   if (ls.attr_init_fn != 0 && stack_v < 0 && stack_v > -4096)
     return Error(Errc::kIo, "mmap of the loader thread's stack failed in the target",
                  static_cast<int>(-stack_v));
@@ -701,6 +766,8 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
     }
     pause_briefly(20'000);
   }
+  // The hook took the attach: the agent's listener removes the stack it ran on.
+  if (run.hook != nullptr && run.block.hook_rc == 0 && run.hook_takes_stack) stack.release();
   if (stack_out) {
     *stack_out = std::move(stack);
     return ok();
@@ -715,15 +782,22 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
 // fresh thread of the target; returns the thread that appeared besides the
 // loader when Remora had to drive it (the agent's listener).
 // `stack_out`: see run_trampoline_thread.
+// `hook`: the attach the loader thread hands the agent (LoaderAttach);
+// `hook_taken` is set when the agent took it.
 Result<pid_t> load_library(remote::Target& t, const std::string& path, const std::string& what,
                            const Deadline& deadline, OwnedFile* kept,
-                           remote::RemoteHandle* stack_out = nullptr, uint64_t* handle_out = nullptr) {
+                           remote::RemoteHandle* stack_out = nullptr, uint64_t* handle_out = nullptr,
+                           const LoaderAttach* hook = nullptr, bool* hook_taken = nullptr) {
   // The library's memfd (if it needs one) is closed in the target when `vf`
   // goes, if the load fails; loaded, it goes to `kept`.
   auto vf = REMORA_TRY_CTX(make_visible_owned(t, path), "make " + what + " visible to the target");
   LoaderRun run;
+  run.hook = hook;
   const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
   REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, vf.path, deadline, stack_out));
+  // 0: taken; BUSY (another controller's in progress), BAD_ARGUMENT, or
+  // kHookNotRun (an agent without the hook): the attach call does it.
+  if (hook != nullptr && hook_taken != nullptr) *hook_taken = run.block.hook_rc == 0;
   pid_t listener = 0;
   if (run.driven && run.before) {
     // The thread that appeared besides the loader is the agent's listener.
@@ -1030,6 +1104,40 @@ Result<void> arm_lease_or_detach(remote::Target& t, pid_t pid, const AgentSymbol
   return std::move(e).with_context(ctx + " (the tools were detached again)");
 }
 
+// The attach the loader thread can make itself (LoaderAttach), or nullopt:
+// with a lease (armed within a remote call: remora_agent_attach_leased), a
+// stopped process (whose listener could not remove our scratch), a tool
+// the target does not see as it is (its memfd or copy is made by calls on
+// the listener) or with libraries of its own to deliver, no dlsym in the
+// target, or REMORA_INJECT_FAULT=listener-attach. The attach call on the
+// listener does the rest, as before.
+std::optional<LoaderAttach> loader_attach_for(remote::Target& t, const AttachOptions& opts) {
+  if (opts.lease || t.stopped_at_open() || fault_injected("listener-attach")) return std::nullopt;
+  LoaderAttach h;
+  for (const auto& tool : opts.tools) {
+    char real[PATH_MAX];
+    if (::realpath(tool.c_str(), real) == nullptr || !remote::visible_as_is(t, real)) return std::nullopt;
+    auto needed = needed_beyond_glibc(real);
+    if (!needed || !needed->empty()) return std::nullopt;
+    h.list += (h.list.empty() ? "" : ":") + std::string(real) + "|" + real;
+  }
+  h.env = encode_env(opts.env);
+  static std::atomic<uint64_t> seq{0};
+  h.id = (static_cast<uint64_t>(getpid()) << 32) | (++seq & 0xffffffffu);
+  h.timeout = opts.timeout;
+  if (h.list.empty() || h.list.size() + h.env.size() > 8192) return std::nullopt;  // the scratch's room
+  const remote::Target::SymbolQuery q[] = {{"dlsym", true, false}};
+  auto fns = t.find_symbols("libc.so.6", q);
+  h.dlsym_fn = fns ? (*fns)[0] : RemoteAddr();
+  if (h.dlsym_fn.null()) {  // before glibc 2.34
+    const remote::Target::SymbolQuery dq[] = {{"dlsym"}};
+    auto dl = t.find_symbols("libdl.so.2", dq);
+    if (!dl) return std::nullopt;
+    h.dlsym_fn = (*dl)[0];
+  }
+  return h;
+}
+
 // Resolves the agent in the target, loading it first when it is not there.
 // Returns the listener's tid when the load had to find it itself (a stopped
 // process), else 0. `retired` receives our scratch mapping, which loaded the
@@ -1039,9 +1147,12 @@ Result<void> arm_lease_or_detach(remote::Target& t, pid_t pid, const AgentSymbol
 // loaded. The dynamic loader knows a library by the path it was opened by,
 // and "/proc/self/fd/N" of a closed memfd names the next memfd too: a tool
 // given the agent's old number would be taken for the agent, loaded already.
+// `loader_attach` receives the id of the attach the loader thread handed the
+// agent (loader_attach_for), when the agent took it: then there is no
+// retired scratch (the agent's listener removes it).
 Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& opts, const Deadline& deadline,
                            AgentSymbols* agent, remote::RemoteHandle* retired, bool* loaded_now,
-                           OwnedFile* agent_file) {
+                           OwnedFile* agent_file, std::optional<uint64_t>* loader_attach) {
   bool loaded = REMORA_TRY(resolve_agent(t, agent));
   REMORA_LOG(kAttach, "pid %d: agent %s", pid, loaded ? "present" : "absent");
   if (loaded) return 0;
@@ -1055,11 +1166,23 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
   REMORA_TRY(t.check_syscalls(remote::seccomp::agent_load_syscalls(), "load the agent"));
   remote::RemoteHandle stack;  // the loader thread's, which is gone: removed on any failure
   JustLoaded just{0, path};
-  pid_t known_listener =
-      REMORA_TRY(load_library(t, path, "the agent", deadline, agent_file, &stack, &just.handle));
-  REMORA_LOG(kAttach, "pid %d: agent loaded", pid);
+  const auto hook = loader_attach_for(t, opts);
+  bool taken = false;
+  pid_t known_listener = REMORA_TRY(load_library(t, path, "the agent", deadline, agent_file, &stack,
+                                                 &just.handle, hook ? &*hook : nullptr, &taken));
+  if (taken) *loader_attach = hook->id;
+  REMORA_LOG(kAttach, "pid %d: agent loaded%s", pid, taken ? ", its attach handed to the listener" : "");
   loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true, &just));
-  if (auto m = t.take_retired_scratch()) {
+  if (taken && loaded) {
+    // Done with our scratch: the agent's listener may remove it.
+    const uint64_t go = hook->id;
+    REMORA_TRY_CTX(t.write(RemoteAddr(agent->info + offsetof(remora_agent_info, retire_go)),
+                           std::as_bytes(std::span(&go, 1))),
+                   "hand our scratch to the agent");
+  }
+  if (auto m = t.take_retired_scratch(); m && taken) {
+    // The agent's listener removes it once the loader thread is gone.
+  } else if (m) {
     // The loader's stack right below the scratch (start_loader_thread): one
     // range, removed within the attach call with the scratch.
     const auto st = stack.mapping();
@@ -1146,6 +1269,21 @@ std::string already_attached_message(const remora_agent_info& info) {
 // agent arms the lease within this call, before any tool runs, and owns the
 // descriptor from the call on; `lease_fd` is our write end, closed when the
 // attach fails.
+// An entry point's result: ok, or the agent's refusal as the info block
+// words it.
+Result<void> agent_result(remote::Target& t, const AgentSymbols& agent, int code) {
+  if (code == REMORA_AGENT_OK) return ok();
+  if (code == REMORA_AGENT_ERR_BUSY)  // the agent wrote no message for it
+    return Error(Errc::kAlreadyAttached,
+                 "another controller's first attach to this process is in progress: attach again once it has "
+                 "ended");
+  auto info = REMORA_TRY(read_info(t, agent.info));
+  info.message[sizeof info.message - 1] = '\0';
+  info.tools[sizeof info.tools - 1] = '\0';
+  if (code == REMORA_AGENT_ERR_ALREADY_ATTACHED) return Error(Errc::kAlreadyAttached, already_attached_message(info));
+  return Error(errc_for_agent(code), info.message);
+}
+
 struct AttachCall {
   const std::vector<std::byte>& env;
   const std::string& list;
@@ -1183,15 +1321,35 @@ Result<void> call_agent_attach(remote::Target& t, pid_t pid, const AgentSymbols&
   int code = rc ? static_cast<int>(static_cast<int32_t>(rc->value)) : REMORA_AGENT_OK;
   if (leased && (!rc || code != REMORA_AGENT_OK)) c.lease_fd->reset();  // a lease armed all the same expires
   if (!rc) return std::move(rc).error();
-  if (code != REMORA_AGENT_OK) {
+  return agent_result(t, agent, code);
+}
+
+// The end of an attach the loader thread made (LoaderAttach): once the
+// agent's listener has removed our scratch and the loader's stack, so that
+// the attach leaves nothing of ours mapped, as the attach call does (a
+// process stopped meanwhile keeps them until it runs again, when its
+// listener removes them), the attach's result as call_agent_attach reads it.
+Result<void> finish_loader_attach(remote::Target& t, pid_t pid, const AgentSymbols& agent, uint64_t id,
+                                  const Deadline& deadline) {
+  std::optional<std::chrono::steady_clock::time_point> attached_at;
+  for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
     auto info = REMORA_TRY(read_info(t, agent.info));
-    info.message[sizeof info.message - 1] = '\0';
-    info.tools[sizeof info.tools - 1] = '\0';
-    if (code == REMORA_AGENT_ERR_ALREADY_ATTACHED)
-      return Error(Errc::kAlreadyAttached, already_attached_message(info));
-    return Error(errc_for_agent(code), info.message);
+    if (info.loader_done == id && !attached_at) attached_at = std::chrono::steady_clock::now();
+    if (attached_at && info.retire_pending == 0) return agent_result(t, agent, info.loader_rc);
+    if (attached_at && (deadline.expired() || (std::chrono::steady_clock::now() - *attached_at >
+                                                   std::chrono::milliseconds(2) &&
+                                               process_is_stopped(pid)))) {
+      REMORA_LOG(kAttach, "pid %d: the agent removes our scratch once its listener runs", pid);
+      return agent_result(t, agent, info.loader_rc);
+    }
+    if (!attached_at && deadline.expired()) {
+      std::string why = process_is_stopped(pid) ? " (the process is stopped: send it SIGCONT)" : "";
+      return Error(Errc::kTimedOut,
+                   "the agent's listener did not finish the attach in time (a tool's initialisation may be "
+                   "blocked)" + why);
+    }
+    pause_briefly(nap);
   }
-  return ok();
 }
 
 }  // namespace
@@ -1215,8 +1373,10 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   remote::RemoteHandle retired;
   std::vector<OwnedFile> memfds;
   OwnedFile agent_file;  // the agent's memfd, if it needed one: held until the tools are loaded
-  pid_t known_listener = REMORA_TRY_CTX(
-      ensure_agent(t, pid, opts, deadline, &s->agent, &retired, &out.agent_loaded_now, &agent_file), ctx);
+  std::optional<uint64_t> loader_attach;  // the attach the loader thread handed the agent (LoaderAttach)
+  pid_t known_listener = REMORA_TRY_CTX(ensure_agent(t, pid, opts, deadline, &s->agent, &retired,
+                                                     &out.agent_loaded_now, &agent_file, &loader_attach),
+                                        ctx);
   auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
   if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0 && info.unloading)
     return Error(
@@ -1229,6 +1389,14 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   s->listener = info.listener_tid;
   if (out.agent_loaded_now) t.note_descendant_thread(s->listener);  // started by our loader thread
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
+  if (loader_attach) {
+    REMORA_TRY_CTX(finish_loader_attach(t, pid, s->agent, *loader_attach, deadline), ctx);
+    REMORA_LOG(kAttach, "pid %d: attached (the loader's request)", pid);
+    s->attached = true;
+    out.ok = true;
+    out.elapsed = std::chrono::steady_clock::now() - t0;
+    return out;
+  }
   CallOptions on_listener{s->listener, opts.timeout};
 
   auto list =
@@ -1407,6 +1575,7 @@ Result<AgentState> Controller::status(pid_t pid) {
   st.lease_pid = info.lease_pid;
   st.lease_expired = info.lease_expired != 0;
   if (info.version >= 4) st.forked_from = info.forked_from;
+  if (info.version >= 5) st.loader_attached = info.loader_done != 0;
   st.message = info.message;
   return st;
 }

@@ -82,7 +82,10 @@ struct AgentState {
   pid_t lease_pid = 0;
   bool lease_expired = false;
   pid_t forked_from = 0;  // forked while attached, from this parent (the process's view); protocol 4
-  std::string message;    // why the last agent call failed
+  // An attach was handed to the agent by the loader thread that loaded it
+  // (no attach call on the listener); protocol 5.
+  bool loader_attached = false;
+  std::string message;  // why the last agent call failed
 };
 
 // Following a tree while it grows (Controller::follow_start/follow_poll).

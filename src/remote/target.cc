@@ -85,6 +85,7 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   if (pfd >= 0) im.pidfd.reset(pfd);
   if (!st.nspid.empty()) target->ns_pid_ = st.nspid.back();
   target->nested_pid_ns_ = st.nspid.size() > 1;
+  target->stopped_at_open_ = st.state == 'T';
   im.ns_pid = target->ns_pid_;
   // The main thread's seccomp mode is the process's (the status just read):
   // the first seize's check needs no read of its own.

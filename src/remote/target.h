@@ -124,6 +124,8 @@ class Target {
   // The process lives in a pid namespace below ours (NSpid has more than one
   // entry): its own thread ids differ from the ones we use.
   bool in_nested_pid_ns() const { return nested_pid_ns_; }
+  // The process was in a job-control stop when open read its status.
+  bool stopped_at_open() const { return stopped_at_open_; }
 
   // Address of `symbol` in library `library` of the target. `library` is an
   // exact path, a soname ("libc.so.6") or a basename prefix ("libc"); empty
@@ -237,6 +239,7 @@ class Target {
   pid_t pid_;
   pid_t ns_pid_;
   bool nested_pid_ns_ = false;
+  bool stopped_at_open_ = false;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -288,6 +288,13 @@ Result<VisibleFile> make_visible(Target& target, const std::string& host_path) {
   return via_placed_copy(target, host_path, data, why_not_memfd);
 }
 
+bool visible_as_is(const Target& target, const std::string& host_path) {
+  if (host_path.empty() || host_path[0] != '/') return false;
+  struct stat st {};
+  return ::stat(host_path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         target_sees_same_file(target.pid(), host_path, st);
+}
+
 Result<void> release(Target& target, VisibleFile& file) {
   Result<void> removed = file.placed.remove();
   if (!file.via_memfd()) return removed;

@@ -80,6 +80,9 @@ inline constexpr const char* kPlaceDirs[] = {"/tmp", "/dev/shm", "/run"};
 // opened/loaded it: a loaded library keeps its own mapping, so neither the
 // memfd nor the placed copy needs to stay behind.
 Result<VisibleFile> make_visible(Target& target, const std::string& host_path);
+// Whether make_visible would hand back `host_path` itself, with no remote
+// call: the target sees that very file at that path.
+bool visible_as_is(const Target& target, const std::string& host_path);
 
 // Closes the memfd in the target (a remote close) and removes a placed copy;
 // a no-op for a plain path.

@@ -259,6 +259,40 @@ TEST_F(AttachErrors, LoaderRunsOnLibcsStackWithoutTheAttrFunctions) {
   ASSERT_TRUE(c.detach(fault_target.pid()).ok());
 }
 
+// The first attach without a lease is handed to the agent by the loader
+// thread that loaded it (remora_agent_loader_attach); where it cannot be
+// (here REMORA_INJECT_FAULT=listener-attach: as with a lease, tools that need
+// a memfd, an agent without the hook), the attach call on the listener makes
+// it. Both ways the tool's hooks run on the listener, and the process is left
+// with the same mappings: the scratch and the loader's stack are gone.
+TEST_F(AttachErrors, FirstAttachThroughTheListenerCallLeavesWhatTheLoadersRequestLeaves) {
+  TargetProcess hooked("remora_attach_target"), called("remora_attach_target");
+  const int hooked_before = count_maps(hooked.pid()), called_before = count_maps(called.pid());
+  const int dontfork_before = dontfork_mappings(hooked.pid());
+  Controller c;
+  auto r = c.attach(hooked.pid(), options_for(log_));
+  ASSERT_TRUE(r.ok()) << describe(r.error());
+  {
+    ScopedEnv fault("REMORA_INJECT_FAULT", "listener-attach");
+    auto f = c.attach(called.pid(), options_for(log_));
+    ASSERT_TRUE(f.ok()) << describe(f.error());
+    EXPECT_TRUE(f->agent_loaded_now);
+  }
+  for (pid_t pid : {hooked.pid(), called.pid()}) {
+    auto st = status_or_throw(pid);
+    EXPECT_TRUE(st.attached);
+    EXPECT_EQ(st.loader_attached, pid == hooked.pid()) << "the attach was not made the way asked for";
+    const auto lines = log_.find("a:tool_attach", pid);
+    ASSERT_EQ(lines.size(), 1u) << log_.dump();
+    EXPECT_EQ(lines[0].tid, st.listener_tid) << "not on the listener thread: " << lines[0].raw;
+  }
+  EXPECT_EQ(dontfork_mappings(hooked.pid()), dontfork_before) << "our scratch is still mapped";
+  EXPECT_EQ(count_maps(hooked.pid()) - hooked_before, count_maps(called.pid()) - called_before)
+      << "the two ways of attaching left different mappings";
+  ASSERT_TRUE(c.detach(hooked.pid()).ok());
+  ASSERT_TRUE(c.detach(called.pid()).ok());
+}
+
 // A tool without remora_configure_attach: kNotAttachable, naming the
 // missing export; nothing of the list is loaded or called.
 TEST_F(AttachErrors, ToolWithoutConfigureAttachIsNotAttachable) {
