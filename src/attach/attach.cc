@@ -1108,17 +1108,27 @@ Result<void> arm_lease_or_detach(remote::Target& t, pid_t pid, const AgentSymbol
 // with a lease (armed within a remote call: remora_agent_attach_leased), a
 // stopped process (whose listener could not remove our scratch), a tool
 // the target does not see as it is (its memfd or copy is made by calls on
-// the listener) or with libraries of its own to deliver, no dlsym in the
+// the listener) or with libraries of its own the target cannot find
+// itself (deliver_dependencies loads those), no dlsym in the
 // target, or REMORA_INJECT_FAULT=listener-attach. The attach call on the
 // listener does the rest, as before.
 std::optional<LoaderAttach> loader_attach_for(remote::Target& t, const AttachOptions& opts) {
   if (opts.lease || t.stopped_at_open() || fault_injected("listener-attach")) return std::nullopt;
   LoaderAttach h;
+  std::optional<std::vector<procfs::MapEntry>> maps;  // read once, for the first tool that needs libraries
   for (const auto& tool : opts.tools) {
     char real[PATH_MAX];
     if (::realpath(tool.c_str(), real) == nullptr || !remote::visible_as_is(t, real)) return std::nullopt;
     auto needed = needed_beyond_glibc(real);
-    if (!needed || !needed->empty()) return std::nullopt;
+    if (!needed) return std::nullopt;
+    for (const auto& soname : *needed) {  // the target finds them itself (deliver_dependencies would not act)
+      if (!maps) {
+        auto m = procfs::read_maps(t.pid());
+        if (!m) return std::nullopt;
+        maps = std::move(*m);
+      }
+      if (!target_finds(t.pid(), *maps, soname)) return std::nullopt;
+    }
     h.list += (h.list.empty() ? "" : ":") + std::string(real) + "|" + real;
   }
   h.env = encode_env(opts.env);
