@@ -7,7 +7,7 @@
 
 namespace remora::attach::detail {
 
-// Runs work(i) for every i < n, on one thread per core but at most four,
+// Runs work(i) for every i < n, on two threads per core but at most eight,
 // the calling one included; returns when every call has returned.
 void for_each_parallel(size_t n, const std::function<void(size_t)>& work);
 
