@@ -465,11 +465,6 @@ int arm_lease_locked(int32_t read_fd, int32_t controller_pid) {
 
 // ---- listener ----
 
-// Unmaps what a remora_agent_loader_attach handed over, once its loader
-// thread is gone: until then that thread runs on the stack and returns into
-// the code those ranges hold. tgkill(0) fails with ESRCH only once the
-// thread has left for good. A thread still there after 5 s keeps its
-// ranges (a leak, never a fault).
 uint64_t monotonic_ms() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -508,8 +503,11 @@ bool listener_busy() { return __atomic_load_n(&g_listener_busy, __ATOMIC_RELAXED
 // controller says it is done with its scratch (retire_go) or the request's
 // timeout passed (the controller died), the ranges: the scratch only while
 // its header is still there (never what another controller's reclaim left
-// in its place), the stack only if the loader ran on it. A thread still
-// there after the timeout keeps them (a leak, never a fault).
+// in its place), the stack only if the loader ran on it. The loader thread
+// runs on that stack and returns into that code until it is gone, which
+// tgkill(0) tells once it has left for good (ESRCH); a thread still there
+// after the timeout keeps them (a leak, never a fault). An agent being
+// unloaded meanwhile attaches nothing more.
 void run_loader_work() {
   LoaderWork& w = g_work;
   const pid_t self = getpid();
@@ -517,7 +515,8 @@ void run_loader_work() {
   auto loader_gone = [&] { return syscall(SYS_tgkill, self, w.tid, 0) != 0; };
   const bool gone = wait_until(loader_gone, until);
   __atomic_store_n(&g_listener_busy, true, __ATOMIC_RELAXED);
-  const int rc = attach_entry(w.has_env ? w.env : nullptr, w.list);
+  const int rc =
+      remora_agent_info.unloading ? REMORA_AGENT_ERR_BUSY : attach_entry(w.has_env ? w.env : nullptr, w.list);
   __atomic_store_n(&g_listener_busy, false, __ATOMIC_RELAXED);
   remora_agent_info.loader_rc = rc;
   __atomic_store_n(&remora_agent_info.loader_done, w.id, __ATOMIC_RELEASE);
@@ -659,7 +658,6 @@ void after_fork_child() {
   g_work.queued = false;
   remora_agent_info.retire_pending = 0;
   g_listener_busy = false;
-  remora_agent_info.retire_pending = 0;
   // Until the new listener publishes its tid (start_listener, last), the
   // info block is not this process's yet: a controller waits for a
   // listener that is a thread of the child (before this handler ran, the
@@ -775,7 +773,8 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
 // loader lock is free again). The listener removes the ranges once this
 // thread is gone.
 REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* r) {
-  if (r == nullptr || r->magic != REMORA_AGENT_LOADER_MAGIC || r->tool_list == 0) return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  if (r == nullptr || r->magic != REMORA_AGENT_LOADER_MAGIC || r->tool_list == 0)
+    return REMORA_AGENT_ERR_BAD_ARGUMENT;
   const char* list = reinterpret_cast<const char*>(r->tool_list);
   const size_t list_len = strnlen(list, kWorkBytes);
   if (list_len == kWorkBytes || r->env_size > kWorkBytes) return REMORA_AGENT_ERR_BAD_ARGUMENT;
@@ -793,7 +792,8 @@ REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* 
   // The stack range only when this thread runs on it (else it is libc's,
   // or mapped and unused: its controller removes that one).
   const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
-  const bool own_stack = r->retire[1][1] != 0 && here >= r->retire[1][0] && here < r->retire[1][0] + r->retire[1][1];
+  const bool own_stack =
+      r->retire[1][1] != 0 && here >= r->retire[1][0] && here < r->retire[1][0] + r->retire[1][1];
   for (int i = 0; i < 2; ++i) {
     const bool take = i == 0 || own_stack;
     w.start[i] = take ? static_cast<uintptr_t>(r->retire[i][0]) : 0;

@@ -210,7 +210,8 @@ TEST(Aarch64, Encodings) {
   // hook_name (+0x58) first, ..., ret.
   const uint64_t branch_at = a::Stub::kThreadTrampoline + 0x4c;
   EXPECT_EQ(word(branch_at), 0x14000000u | static_cast<uint32_t>((a::Stub::kThreadHook - branch_at) / 4));
-  EXPECT_EQ(word(a::Stub::kThreadHook), 0xf9400000u | (0x58u / 8) << 10 | 19u << 5 | 1u);  // ldr x1, [x19, #0x58]
+  // ldr x1, [x19, #0x58]
+  EXPECT_EQ(word(a::Stub::kThreadHook), 0xf9400000u | (0x58u / 8) << 10 | 19u << 5 | 1u);
   EXPECT_EQ(word(a::Stub::kThreadHook + 0x48), 0xd65f03c0u);                            // ret
   EXPECT_LE(a::Stub::kThreadHook + 0x4c, a::Stub::kSize);
 #else

@@ -630,7 +630,8 @@ Result<void> write_hook(remote::Target& t, LoaderRun& run, uint64_t scratch, uin
   std::memcpy(bytes.data(), &req, sizeof req);
   std::memcpy(bytes.data() + sizeof req, kLoaderAttachFn, name_len);
   std::memcpy(bytes.data() + sizeof req + name_len, h.list.c_str(), list_len);
-  if (!h.env.empty()) std::memcpy(bytes.data() + sizeof req + name_len + list_len, h.env.data(), h.env.size());
+  if (!h.env.empty())
+    std::memcpy(bytes.data() + sizeof req + name_len + list_len, h.env.data(), h.env.size());
   REMORA_TRY(t.write(at, bytes));
   run.block.dlsym_fn = h.dlsym_fn.addr();
   run.block.hook_name = name_at;
@@ -658,7 +659,8 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   }
   const uint64_t below = t.scratch_address().value_or(0);
   const uint64_t stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
-  const bool own_stack = !run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack");
+  const bool own_stack =
+      !run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack");
   if (run.hook) REMORA_TRY(write_hook(t, run, below, stack_hint, own_stack));
   REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
   run.before = procfs::list_tasks(t.pid());
@@ -1290,7 +1292,8 @@ Result<void> agent_result(remote::Target& t, const AgentSymbols& agent, int code
   auto info = REMORA_TRY(read_info(t, agent.info));
   info.message[sizeof info.message - 1] = '\0';
   info.tools[sizeof info.tools - 1] = '\0';
-  if (code == REMORA_AGENT_ERR_ALREADY_ATTACHED) return Error(Errc::kAlreadyAttached, already_attached_message(info));
+  if (code == REMORA_AGENT_ERR_ALREADY_ATTACHED)
+    return Error(Errc::kAlreadyAttached, already_attached_message(info));
   return Error(errc_for_agent(code), info.message);
 }
 

@@ -355,7 +355,8 @@ Result<void> Transaction::remove_failed_scratch(uint64_t base) {
   REMORA_TRY(ptrace::set_sigmask(tid_, ~uint64_t{0}));
   modified_ = true;
   const auto r = REMORA_TRY(syscall(a::nr::kMunmap, {base, kScratchSize, 0, 0, 0, 0}));
-  if (r != 0) return Error(Errc::kIo, "munmap failed in the target", static_cast<int>(-static_cast<int64_t>(r)));
+  if (r != 0)
+    return Error(Errc::kIo, "munmap failed in the target", static_cast<int>(-static_cast<int64_t>(r)));
   return ok();
 }
 
@@ -390,7 +391,8 @@ Result<void> Transaction::check_setup(uint64_t value) {
 // let through by the release first: then it runs in a transaction of its
 // own (chained_ stays false: Target::Impl::transact).
 Result<uint64_t> Transaction::then_call(const Target::Prepare& then) {
-  if (!restored_at_marker_ || modified_ || detach_signal_ != 0 || pending_stop_ != 0 || !held_signals_.empty())
+  if (!restored_at_marker_ || modified_ || detach_signal_ != 0 || pending_stop_ != 0 ||
+      !held_signals_.empty())
     return uint64_t{0};
   restored_at_marker_ = false;
   chained_ = true;

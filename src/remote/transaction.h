@@ -44,7 +44,8 @@ class Transaction {
   // `then`: see Target::Impl::transact; chained() says whether it ran in
   // this transaction (or failed in it).
   Result<CallReport> run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
-                         std::span<const Target::Impl::StackArg> on_stack, const Target::Prepare* then = nullptr);
+                         std::span<const Target::Impl::StackArg> on_stack,
+                         const Target::Prepare* then = nullptr);
   bool chained() const { return chained_; }
   // Seizes and stops the thread, returns its registers as saved (pc and
   // stack pointer for the scratch reclaim) and releases it unchanged.
