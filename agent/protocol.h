@@ -114,16 +114,16 @@ struct remora_agent_info {
  * (read before the hook returns, never after). */
 #define REMORA_AGENT_LOADER_MAGIC 0x52454d4f524c4452ull /* "REMORLDR" */
 struct remora_agent_loader_request {
-  uint64_t magic;         /* REMORA_AGENT_LOADER_MAGIC */
-  uint64_t env_buffer;    /* as remora_agent_attach's (0: none) */
-  uint64_t env_size;      /* its bytes (at most 8192, as the tool list) */
-  uint64_t tool_list;     /* as remora_agent_attach's */
+  uint64_t magic;      /* REMORA_AGENT_LOADER_MAGIC */
+  uint64_t env_buffer; /* as remora_agent_attach's (0: none) */
+  uint64_t env_size;   /* its bytes (at most 8192, as the tool list) */
+  uint64_t tool_list;  /* as remora_agent_attach's */
   /* {start, size}: the controller's scratch, and the loader thread's stack
    * (taken only when the thread runs on exactly it), unmapped once that
    * thread is gone; {0, 0}: none. */
   uint64_t retire[2][2];
-  uint64_t id;              /* what retire_go says once the controller is done with its scratch */
-  uint64_t ack_timeout_ms;  /* without that word: retired after this long (the controller died) */
+  uint64_t id;             /* what retire_go says once the controller is done with its scratch */
+  uint64_t ack_timeout_ms; /* without that word: retired after this long (the controller died) */
   /* retire[0] is unmapped only while its first 8 bytes are still this and
    * its word at offset 16 is its own address (the scratch's header: not
    * removed and replaced meanwhile by another controller's reclaim). */

@@ -531,7 +531,7 @@ struct LoaderAttach {
   std::vector<std::byte> env;
   std::string list;
   RemoteAddr dlsym_fn;
-  uint64_t id = 0;                     // the request's, for retire_go
+  uint64_t id = 0;                      // the request's, for retire_go
   std::chrono::milliseconds timeout{};  // the request's ack_timeout_ms
 };
 constexpr uint64_t kHookNotRun = 0x7fffffffffffffffull;  // hook_rc, as written: the hook did not run
@@ -543,7 +543,7 @@ struct LoaderRun {
   x::LoaderBlock block{};
   const LoaderAttach* hook = nullptr;  // the attach to make on it, if any
   bool hook_takes_stack = false;       // the agent removes the thread's stack (start_loader_thread)
-  uint64_t start_at = 0;  // the loader start routine's block, once written (write_loader)
+  uint64_t start_at = 0;               // the loader start routine's block, once written (write_loader)
   x::LoaderStart start{};
   std::array<RemoteAddr, 2> stack_fns{};                    // pthread_attr_init, pthread_attr_setstack
   Result<std::vector<pid_t>> before{std::vector<pid_t>{}};  // the tasks before it was created
@@ -1358,9 +1358,9 @@ Result<void> finish_loader_attach(remote::Target& t, pid_t pid, const AgentSymbo
     REMORA_TRY(t.read(at, std::as_writable_bytes(std::span(&info, 1))));
     if (info.loader_done == id && !attached_at) attached_at = std::chrono::steady_clock::now();
     if (attached_at && info.retire_pending == 0) return agent_result(t, agent, info.loader_rc);
-    if (attached_at && (deadline.expired() || (std::chrono::steady_clock::now() - *attached_at >
-                                                   std::chrono::milliseconds(2) &&
-                                               process_is_stopped(pid)))) {
+    if (attached_at && (deadline.expired() ||
+                        (std::chrono::steady_clock::now() - *attached_at > std::chrono::milliseconds(2) &&
+                         process_is_stopped(pid)))) {
       REMORA_LOG(kAttach, "pid %d: the agent removes our scratch once its listener runs", pid);
       return agent_result(t, agent, info.loader_rc);
     }
@@ -1368,7 +1368,8 @@ Result<void> finish_loader_attach(remote::Target& t, pid_t pid, const AgentSymbo
       std::string why = process_is_stopped(pid) ? " (the process is stopped: send it SIGCONT)" : "";
       return Error(Errc::kTimedOut,
                    "the agent's listener did not finish the attach in time (a tool's initialisation may be "
-                   "blocked)" + why);
+                   "blocked)" +
+                       why);
     }
     pause_briefly(nap);
   }

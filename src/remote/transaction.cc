@@ -367,15 +367,15 @@ Result<void> Transaction::remove_failed_scratch(uint64_t base) {
 Result<void> Transaction::check_setup(uint64_t value) {
   if (value == 0) return ok();
   const uint64_t b = im_.scratch_base;
-  Error e = im_.seccomp_guard.denial_error(
-      Error(Errc::kIo, "mprotect of the scratch's data failed in the target",
-            static_cast<int>(-static_cast<int64_t>(value))),
-      tid_, a::nr::kMprotect, static_cast<int64_t>(value));
+  Error e =
+      im_.seccomp_guard.denial_error(Error(Errc::kIo, "mprotect of the scratch's data failed in the target",
+                                           static_cast<int>(-static_cast<int64_t>(value))),
+                                     tid_, a::nr::kMprotect, static_cast<int64_t>(value));
   im_.scratch.reset();
   im_.scratch_owned = false;
   if (auto gone = remove_failed_scratch(b); !gone)
-    return std::move(e).with_context("prepare the scratch mapping (it could not be removed again: " +
-                                     gone.error().to_string() + ")");
+    return std::move(e).with_context(
+        "prepare the scratch mapping (it could not be removed again: " + gone.error().to_string() + ")");
   return std::move(e).with_context("prepare the scratch mapping");
 }
 
