@@ -409,9 +409,8 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
 // block, a listener not started yet) reads 0: no listener. Outside a nested
 // pid namespace the ids are ours already.
 void listener_as_we_name_it(pid_t pid, remora_agent_info* info, bool nested_pid_ns = true) {
-  if (info->magic != REMORA_AGENT_MAGIC || info->listener_tid == 0 || !nested_pid_ns) return;
-  auto ours = procfs::tid_from_target_ns(pid, info->listener_tid);
-  info->listener_tid = ours ? *ours : 0;
+  if (info->magic != REMORA_AGENT_MAGIC) return;
+  info->listener_tid = detail::tid_as_we_name_it(pid, info->listener_tid, nested_pid_ns);
 }
 
 Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
@@ -759,14 +758,13 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
   };
   if (auto done = wait_loader_done(t, run, deadline); !done) return keep_stack(std::move(done).error());
   REMORA_LOG(kAttach, "pid %d: loader thread's call returned", t.pid());
-  // Then for its thread to leave the scratch code for good.
-  std::string task = "/proc/" + std::to_string(t.pid()) + "/task/" + std::to_string(run.block.tid);
-  while (run.block.tid != 0 && ::access(task.c_str(), F_OK) == 0) {
-    if (deadline.expired()) {
-      t.abandon_scratch();
-      return keep_stack(Error(Errc::kTimedOut, "the agent's loader thread did not exit in time"));
-    }
-    pause_briefly(20'000);
+  // Then for its thread to leave the scratch code and its stack for good
+  // (after `done` it still returns through both). The block has the tid the
+  // target's pid namespace gave it.
+  if (auto gone = detail::wait_target_thread_gone(t.pid(), run.block.tid, t.in_nested_pid_ns(), deadline);
+      !gone) {
+    t.abandon_scratch();
+    return keep_stack(std::move(gone).error().with_context("wait for the agent's loader thread to exit"));
   }
   // The hook took the attach: the agent's listener removes the stack it ran on.
   if (run.hook != nullptr && run.block.hook_rc == 0 && run.hook_takes_stack) stack.release();
@@ -982,6 +980,20 @@ std::vector<std::string> split_list(const char* list) {
 }
 
 }  // namespace
+
+namespace detail {
+
+pid_t tid_as_we_name_it(pid_t pid, pid_t tid, bool nested_pid_ns) {
+  if (tid == 0 || !nested_pid_ns) return tid;
+  auto ours = procfs::tid_from_target_ns(pid, tid);
+  return ours ? *ours : 0;
+}
+
+Result<void> wait_target_thread_gone(pid_t pid, pid_t tid, bool nested_pid_ns, const Deadline& deadline) {
+  return wait_thread_gone(pid, tid_as_we_name_it(pid, tid, nested_pid_ns), deadline);
+}
+
+}  // namespace detail
 
 Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) {
   detail::ScopedTimerSlack slack;

@@ -2,14 +2,32 @@
 // its interface).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <functional>
+
+#include "base/deadline.h"
+#include "base/result.h"
 
 namespace remora::attach::detail {
 
 // Runs work(i) for every i < n, on two threads per core but at most eight,
 // the calling one included; returns when every call has returned.
 void for_each_parallel(size_t n, const std::function<void(size_t)>& work);
+
+// A thread id that the target's pid namespace gave (gettid() there: what the
+// agent and the trampoline record in target memory) as this process names
+// it: /proc here knows the thread only by ours. 0 when no thread of `pid`
+// has that id (any more). Outside a nested pid namespace the ids are the
+// same and nothing is read.
+pid_t tid_as_we_name_it(pid_t pid, pid_t tid, bool nested_pid_ns);
+
+// Waits until the thread the target's namespace calls `tid` is gone (a
+// thread of a stopped process is driven to its end). The loader thread's
+// wait: it still returns through our scratch code and runs on our stack
+// after its last store to the block, so neither may go before the thread.
+Result<void> wait_target_thread_gone(pid_t pid, pid_t tid, bool nested_pid_ns, const Deadline& deadline);
 
 // The calling thread's timer slack, 1 ns while it lives, then put back.
 // Why: an attach waits by short sleeps (this layer's polls of the loader

@@ -24,11 +24,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "attach/attach.h"
+#include "attach/internal.h"
 #include "base/result.h"
 #include "ctr_support.h"
 #include "elf/elf_image.h"
@@ -243,6 +245,46 @@ TEST_F(ContainerTest, NsPidIsThePidTheTargetSeesItselfAs) {
   EXPECT_EQ(get(r, "ns_pid"), std::to_string(target_->printed_pid())) << to_string(r);
   EXPECT_NE(get(r, "ns_pid"), std::to_string(target_->pid())) << to_string(r);
   EXPECT_EQ(get(r, "value"), kValueA) << to_string(r);
+}
+
+// A thread id the target records in its own memory (the trampoline's
+// gettid(), the agent's listener) is its pid namespace's; /proc here knows
+// the thread by ours. The wait for the loader thread to be gone went by the
+// target's id, found no such task here and returned at once: the agent then
+// removed the scratch and the stack that thread was still returning through,
+// and it crashed (on a busy machine, about one first attach in sixty from
+// the host into a container). It must wait for the thread itself.
+TEST_F(ContainerTest, ThreadIdsFromTheTargetAreTranslatedBeforeAnyWait) {
+  ASSERT_NO_FATAL_FAILURE(start({}));
+  std::vector<std::string> reply;
+  std::string err;
+  ASSERT_TRUE(target_->ask("thread", &reply, &err)) << err;
+  ASSERT_EQ(reply.size(), 1u);
+  ASSERT_EQ(reply[0].rfind("tid ", 0), 0u) << reply[0];
+  const pid_t ns_tid = std::stoi(reply[0].substr(4));
+  const pid_t pid = target_->pid();
+  auto tasks = procfs::list_tasks(pid);
+  ASSERT_TRUE(tasks.ok()) << tasks.error().message();
+  ASSERT_EQ(tasks->size(), 2u);
+  const pid_t host_tid = (*tasks)[0] == pid ? (*tasks)[1] : (*tasks)[0];
+  ASSERT_NE(host_tid, ns_tid) << "the namespaces must name the thread differently for the case to mean anything";
+
+  EXPECT_EQ(attach::detail::tid_as_we_name_it(pid, ns_tid, true), host_tid);
+  EXPECT_EQ(attach::detail::tid_as_we_name_it(pid, ns_tid, false), ns_tid) << "outside: taken as it is";
+  EXPECT_EQ(attach::detail::tid_as_we_name_it(pid, ns_tid + 1000, true), 0) << "no such thread: 0";
+
+  auto waited = std::async(std::launch::async, [&] {
+    return attach::detail::wait_target_thread_gone(pid, ns_tid, true, Deadline::after(std::chrono::seconds(10)));
+  });
+  // A live thread keeps it waiting (a correct wait never returns here,
+  // however long this takes; the broken one returned at once).
+  EXPECT_EQ(waited.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the wait returned while the thread still ran";
+  ASSERT_TRUE(target_->ask("unthread", &reply, &err)) << err;
+  ASSERT_EQ(waited.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto gone = waited.get();
+  EXPECT_TRUE(gone.ok()) << gone.error().message();
+  EXPECT_EQ(::access(("/proc/" + std::to_string(pid) + "/task/" + std::to_string(host_tid)).c_str(), F_OK), -1);
 }
 
 // Case 1: the library as loaded, untouched, found through the root.

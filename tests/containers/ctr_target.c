@@ -15,11 +15,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static void fail(const char* what, const char* arg, const char* why) {
@@ -64,6 +66,29 @@ static void map_data(const char* path) {
   close(fd);
 }
 
+// The thread of the "thread" command: it writes its id to `tid_pipe`, then
+// blocks reading `block_pipe` and returns at its end of file ("unthread").
+static int g_tid_pipe[2] = {-1, -1}, g_block_pipe[2] = {-1, -1};
+static pthread_t g_thread;
+static void* blocked_thread(void* arg) {
+  (void)arg;
+  const pid_t tid = (pid_t)syscall(SYS_gettid);
+  if (write(g_tid_pipe[1], &tid, sizeof tid) != (ssize_t)sizeof tid) return NULL;
+  char c;
+  while (read(g_block_pipe[0], &c, 1) < 0 && errno == EINTR) {
+  }
+  return NULL;
+}
+
+static void start_thread(void) {
+  if (pipe(g_tid_pipe) != 0 || pipe(g_block_pipe) != 0) fail("pipe", "thread", strerror(errno));
+  const int rc = pthread_create(&g_thread, NULL, blocked_thread, NULL);
+  if (rc != 0) fail("pthread_create", "thread", strerror(rc));
+  pid_t tid = 0;
+  if (read(g_tid_pipe[0], &tid, sizeof tid) != (ssize_t)sizeof tid) fail("read", "thread's tid", strerror(errno));
+  printf("tid %d\n", (int)tid);
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -80,7 +105,10 @@ int main(int argc, char** argv) {
   // Commands, one a line, each answered by lines ending with "end":
   //   ls DIR    the names in DIR as this process sees it (not . and ..), or
   //             "error <why>";
-  //   cat FILE  the lines of FILE as this process sees it, or "error <why>".
+  //   cat FILE  the lines of FILE as this process sees it, or "error <why>";
+  //   thread    starts a thread that blocks in read(2) and answers "tid N",
+  //             its id in this process's pid namespace (once);
+  //   unthread  ends that thread and joins it: once "end" is printed, it is gone.
   char line[4096];
   while (fgets(line, sizeof line, stdin) != NULL) {
     line[strcspn(line, "\n")] = '\0';
@@ -95,6 +123,12 @@ int main(int argc, char** argv) {
       if (f == NULL) printf("error %s\n", strerror(errno));
       for (char text[1024]; f != NULL && fgets(text, sizeof text, f) != NULL;) fputs(text, stdout);
       if (f != NULL) fclose(f);
+    } else if (strcmp(line, "thread") == 0 && g_tid_pipe[0] < 0) {
+      start_thread();
+    } else if (strcmp(line, "unthread") == 0 && g_block_pipe[1] >= 0) {
+      close(g_block_pipe[1]);
+      g_block_pipe[1] = -1;
+      pthread_join(g_thread, NULL);
     } else {
       printf("error unknown command %s\n", line);
     }
