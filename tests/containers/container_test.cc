@@ -267,14 +267,16 @@ TEST_F(ContainerTest, ThreadIdsFromTheTargetAreTranslatedBeforeAnyWait) {
   ASSERT_TRUE(tasks.ok()) << tasks.error().message();
   ASSERT_EQ(tasks->size(), 2u);
   const pid_t host_tid = (*tasks)[0] == pid ? (*tasks)[1] : (*tasks)[0];
-  ASSERT_NE(host_tid, ns_tid) << "the namespaces must name the thread differently for the case to mean anything";
+  ASSERT_NE(host_tid, ns_tid)
+      << "the namespaces must name the thread differently for the case to mean anything";
 
   EXPECT_EQ(attach::detail::tid_as_we_name_it(pid, ns_tid, true), host_tid);
   EXPECT_EQ(attach::detail::tid_as_we_name_it(pid, ns_tid, false), ns_tid) << "outside: taken as it is";
   EXPECT_EQ(attach::detail::tid_as_we_name_it(pid, ns_tid + 1000, true), 0) << "no such thread: 0";
 
   auto waited = std::async(std::launch::async, [&] {
-    return attach::detail::wait_target_thread_gone(pid, ns_tid, true, Deadline::after(std::chrono::seconds(10)));
+    return attach::detail::wait_target_thread_gone(pid, ns_tid, true,
+                                                   Deadline::after(std::chrono::seconds(10)));
   });
   // A live thread keeps it waiting (a correct wait never returns here,
   // however long this takes; the broken one returned at once).
@@ -284,7 +286,8 @@ TEST_F(ContainerTest, ThreadIdsFromTheTargetAreTranslatedBeforeAnyWait) {
   ASSERT_EQ(waited.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   auto gone = waited.get();
   EXPECT_TRUE(gone.ok()) << gone.error().message();
-  EXPECT_EQ(::access(("/proc/" + std::to_string(pid) + "/task/" + std::to_string(host_tid)).c_str(), F_OK), -1);
+  EXPECT_EQ(::access(("/proc/" + std::to_string(pid) + "/task/" + std::to_string(host_tid)).c_str(), F_OK),
+            -1);
 }
 
 // Case 1: the library as loaded, untouched, found through the root.

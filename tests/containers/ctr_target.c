@@ -85,7 +85,8 @@ static void start_thread(void) {
   const int rc = pthread_create(&g_thread, NULL, blocked_thread, NULL);
   if (rc != 0) fail("pthread_create", "thread", strerror(rc));
   pid_t tid = 0;
-  if (read(g_tid_pipe[0], &tid, sizeof tid) != (ssize_t)sizeof tid) fail("read", "thread's tid", strerror(errno));
+  if (read(g_tid_pipe[0], &tid, sizeof tid) != (ssize_t)sizeof tid)
+    fail("read", "thread's tid", strerror(errno));
   printf("tid %d\n", (int)tid);
 }
 
