@@ -189,6 +189,7 @@ struct Stub {
   static constexpr uint64_t kMarkedCallEntry = REMORA_AARCH64_STUB_MARKED_CALL_ENTRY;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = REMORA_AARCH64_STUB_MARKED_CALL_RETURN_SYSCALL_END;
   static constexpr uint64_t kScratchSetup = REMORA_AARCH64_STUB_SCRATCH_SETUP;
+  static constexpr uint64_t kSetupStatus = REMORA_AARCH64_SETUP_STATUS;  // base-relative
   static constexpr uint64_t kLoaderStart = REMORA_AARCH64_STUB_LOADER_START;
   static constexpr size_t kSize = REMORA_AARCH64_STUB_SIZE;
 };

@@ -32,11 +32,14 @@
  *    tgkill(getpid(), gettid(), x20); tail
  *    (the contract is x86_64_stub.S's: the marker stays pending until
  *    rt_sigreturn has restored the thread.)
- *  scratch setup (a function: x0 = base, x1 = size, x2 = name):
+ *  scratch setup (a function: x0 = base, x1 = size, x2 = name, x3 = next
+ *  function or 0, x4 = its argument):
  *    mprotect of the data pages (base + page on) to read-write, returning
- *    its -errno on failure, then prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME,
- *    base, size, name) and madvise(base, size, MADV_DONTFORK); returns 0
- *    (as x86_64_stub.S's).
+ *    its -errno on failure, then 0 into the setup status word (base + page
+ *    + 16), prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) and
+ *    madvise(base, size, MADV_DONTFORK); then a tail call of next(arg)
+ *    (through x16, which a BTI `bti c` pad accepts from `br`) if there is
+ *    one, else returns 0 (as x86_64_stub.S's).
  *  loader start (a function: x0 = a LoaderStart, arch/loader_block.h):
  *    mmap of the loader thread's stack, pthread_attr_init and
  *    pthread_attr_setstack naming it, then pthread_create of the thread
@@ -193,6 +196,8 @@ remora_aarch64_stub:
 /* ---- scratch setup: x0 = base, x1 = size, x2 = name ----
  * After the loader start: it outgrew the room before it. */
   REMORA_AT(REMORA_AARCH64_STUB_SCRATCH_SETUP)
+  mov x16, x3                               /* next and its argument, kept across the svcs */
+  mov x12, x4
   mov x9, x0                                /* base, size and name, kept across the svcs */
   mov x10, x1
   mov x11, x2
@@ -202,6 +207,7 @@ remora_aarch64_stub:
   mov x8, #REMORA_AARCH64_NR_MPROTECT
   svc #0
   cbnz x0, 1f                               /* -errno: nothing else done */
+  str xzr, [x9, #REMORA_AARCH64_SETUP_STATUS]  /* 0: the data pages are writable */
   mov x4, x11
   mov x3, x10
   mov x2, x9
@@ -216,6 +222,9 @@ remora_aarch64_stub:
   mov x8, #REMORA_AARCH64_NR_MADVISE
   svc #0                                    /* its failure is not the scratch's: ignored */
   mov x0, #0
+  cbz x16, 1f                               /* no next: return 0 */
+  mov x0, x12
+  br x16                                    /* next(arg), returning to our caller (lr) */
 1:
   ret                                       /* 0, or mprotect's -errno */
 

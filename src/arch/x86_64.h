@@ -144,12 +144,12 @@ SigContext sigcontext_from(const Regs& r, uint64_t fpstate_addr);
 //    dequeued, and a tracer sees a signal-delivery stop of exactly that
 //    signal with the thread already restored. Untraced (the controller
 //    died) the marker is a signal the process ignores, and is discarded.
-//  scratch setup (a function: rdi = base, rsi = size, rdx = name):
-//    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) (its failure
-//    on kernels without anonymous VMA names is harmless), then returns
-//    madvise(base, size, MADV_DONTFORK). Run once as the marked call that
-//    completes a new scratch mapping: two system calls that would otherwise
-//    cost two ptrace stops each.
+//  scratch setup (a function: rdi = base, rsi = size, rdx = name, rcx =
+//  next function or 0, r8 = its argument): makes the data pages writable
+//  and says so in the setup status word (kSetupStatus), names the mapping,
+//  keeps it from forks, then tail-calls next(arg) if there is one. Run once
+//  as the call that completes a new scratch mapping (x86_64_stub.S tells
+//  each step).
 struct Stub {
   static constexpr uint64_t kThreadTrampoline = REMORA_X86_64_STUB_THREAD_TRAMPOLINE;
   static constexpr uint64_t kThreadHook = REMORA_X86_64_STUB_THREAD_HOOK;  // the trampoline's end
@@ -161,6 +161,7 @@ struct Stub {
   static constexpr uint64_t kMarkedCallEntry = REMORA_X86_64_STUB_MARKED_CALL_ENTRY;
   static constexpr uint64_t kMarkedCallReturnSyscallEnd = REMORA_X86_64_STUB_MARKED_CALL_RETURN_SYSCALL_END;
   static constexpr uint64_t kScratchSetup = REMORA_X86_64_STUB_SCRATCH_SETUP;
+  static constexpr uint64_t kSetupStatus = REMORA_X86_64_SETUP_STATUS;  // base-relative
   static constexpr uint64_t kLoaderStart = REMORA_X86_64_STUB_LOADER_START;
   static constexpr size_t kSize = REMORA_X86_64_STUB_SIZE;
 };

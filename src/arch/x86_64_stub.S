@@ -48,15 +48,20 @@
  *    dequeued, and a tracer sees a signal-delivery stop of exactly that
  *    signal with the thread already restored. Untraced (the controller
  *    died) the marker is a signal the process ignores, and is discarded.
- *  scratch setup (a function: rdi = base, rsi = size, rdx = name):
+ *  scratch setup (a function: rdi = base, rsi = size, rdx = name,
+ *  rcx = next function or 0, r8 = its argument):
  *    mprotect(base + page, size - page, PROT_READ | PROT_WRITE) for the
  *    data pages (on failure it returns that -errno and does nothing else),
- *    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) (its failure
- *    on kernels without anonymous VMA names is harmless), madvise(base,
- *    size, MADV_DONTFORK); returns 0. Run once as the marked call that
- *    completes a new scratch mapping, with its result slot on the frame (the
- *    scratch's own echo slot lies in the pages it makes writable): three
- *    system calls that would otherwise cost two ptrace stops each.
+ *    then 0 into the setup status word (base + page + 16, which the
+ *    controller set to ~0 through /proc/PID/mem), prctl(PR_SET_VMA,
+ *    PR_SET_VMA_ANON_NAME, base, size, name) (its failure on kernels without
+ *    anonymous VMA names is harmless), madvise(base, size, MADV_DONTFORK);
+ *    then, with a next function, a tail call of next(arg) (its result is
+ *    the call's), else returns 0. Run once as the call that completes a new
+ *    scratch mapping, with its result slot on the frame (the scratch's own
+ *    echo slot lies in the pages it makes writable): three system calls that
+ *    would otherwise cost two ptrace stops each, and the first call made
+ *    into the new scratch (Target::call_prepared) in the same call.
  *  loader start (a function: rdi = a LoaderStart, arch/loader_block.h):
  *    mmap of the loader thread's stack, pthread_attr_init and
  *    pthread_attr_setstack naming it, then pthread_create of the thread
@@ -217,10 +222,14 @@ remora_x86_64_stub:
   pop %rbx
   ret                                  /* pthread_create's result, or mmap's -errno */
 
-/* ---- scratch setup: a function (rdi = base, rsi = size, rdx = name) ----
- * After the loader start: it outgrew the room before it. */
+/* ---- scratch setup: a function (rdi = base, rsi = size, rdx = name,
+ * rcx = next function or 0, r8 = its argument) ----
+ * After the loader start: it outgrew the room before it. Every byte of its
+ * room is used: the shortest encodings on purpose (jrcxz). */
   REMORA_AT(REMORA_X86_64_STUB_SCRATCH_SETUP)
 .Lscratch_setup:
+  push %rcx                            /* next and its argument, kept across the syscalls */
+  push %r8                             /* (rsp as at entry again once both are popped) */
   mov %rdi, %r9                        /* base, size and name survive the syscalls */
   mov %rsi, %r10                       /* (r10 is prctl's arg 4: the size) */
   mov %rdx, %r8                        /* prctl arg 5: name */
@@ -231,6 +240,7 @@ remora_x86_64_stub:
   syscall
   test %rax, %rax
   jnz .Lsetup_out                      /* -errno: nothing else done (the data stays read-only) */
+  mov %rax, REMORA_X86_64_SETUP_STATUS(%r9)  /* 0: the data pages are writable */
   mov %r9, %rdx                        /* prctl arg 3: base */
   xor %esi, %esi                       /* PR_SET_VMA_ANON_NAME */
   .if REMORA_X86_64_PR_SET_VMA_ANON_NAME != 0
@@ -245,7 +255,14 @@ remora_x86_64_stub:
   mov $REMORA_X86_64_NR_MADVISE, %eax
   syscall                              /* its failure is not the scratch's: ignored */
   xor %eax, %eax
+  pop %rdi                             /* next's argument */
+  pop %rcx                             /* next */
+  jrcxz .Lsetup_done                   /* none: return 0 */
+  jmp *%rcx                            /* next(arg), returning to our caller */
 .Lsetup_out:
+  pop %rdi
+  pop %rcx
+.Lsetup_done:
   ret                                  /* 0, or mprotect's -errno */
 
 /* ---- the thread trampoline's end (rbx = the block, rsp 16-byte aligned):

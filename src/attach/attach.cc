@@ -684,7 +684,7 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   ls.created = ~uint64_t{0};  // stays so unless pthread_create ran
   REMORA_TRY(t.write(at, std::as_bytes(std::span(&ls, 1))));
   run.start_at = at.addr();
-  return remote::Target::Prepared{fn, {at.addr()}};
+  return remote::Target::Prepared{fn, at.addr()};
 }
 
 // Starts the loader thread: one call of the stub's loader start routine

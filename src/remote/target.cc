@@ -368,14 +368,14 @@ Result<CallReport> Target::call_prepared(const Prepare& prepare, const CallOptio
   std::lock_guard lock(impl_->mu);
   Impl& im = *impl_;
   if (!im.scratch) {
-    // The scratch's creation, its setup routine and then this call, on one
-    // thread in one transaction (Transaction::then_call), placed as
-    // ensure_scratch places it.
+    // The scratch's creation, then its setup routine going on to this
+    // call, on one thread in one transaction (Transaction::prepare_next),
+    // placed as ensure_scratch places it.
     if (auto maps = im.maps_for_lookup()) im.scratch_hint = scratch_address_hint(*maps);
     return im.run(opts.tid, false, kSetupRequest, {}, opts.timeout, {}, &prepare);
   }
   auto p = REMORA_TRY(prepare());
-  return im.run(opts.tid, false, p.fn.addr(), p.args, opts.timeout);
+  return im.run(opts.tid, false, p.fn.addr(), {p.arg}, opts.timeout);
 }
 
 Result<CallReport> Target::syscall(long nr, std::span<const uint64_t> args, const CallOptions& opts) {
@@ -674,22 +674,8 @@ Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t f
                                           std::array<uint64_t, 6> args, const Deadline& deadline,
                                           std::span<const StackArg> on_stack, const Target::Prepare* then) {
   forget_maps();  // what the call maps or unmaps
-  bool chained = false;
-  Result<CallReport> r = [&] {
-    Transaction tx(*this, tid, deadline);
-    auto first = tx.run(is_syscall, fn_or_nr, args, on_stack, then);
-    chained = tx.chained();
-    return first;
-  }();
-  if (!r || then == nullptr || chained) return r;
-  // The setup's transaction ended before `then` could run in it (a signal
-  // or a stop it held back had to be let through first): `then` gets a
-  // transaction of its own on the same thread, as call_prepared would give
-  // it with the scratch there.
-  auto p = REMORA_TRY((*then)());
-  forget_maps();
   Transaction tx(*this, tid, deadline);
-  return tx.run(false, p.fn.addr(), p.args, {}, nullptr);
+  return tx.run(is_syscall, fn_or_nr, args, on_stack, then);
 }
 
 }  // namespace remora::remote

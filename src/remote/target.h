@@ -149,16 +149,19 @@ class Target {
   // Makes one thread call `fn` with up to six integer arguments (bytes
   // arguments are copied into the target first) and returns its result.
   Result<CallReport> call(RemoteAddr fn, std::span<const CallArg> args, const CallOptions& opts = {});
-  // A function call whose memory can only be written once the scratch
-  // exists (it holds addresses in it): `prepare` writes that memory, through
-  // scratch_alloc, write and the stub addresses (loader_start,
-  // thread_trampoline), and names the function and its integer arguments; it
-  // must make no remote call of its own. Where there is no scratch yet, its
-  // creation and this call are one transaction on one thread: one seize,
-  // stop and release fewer than ensure-then-call. Otherwise it is call().
+  // A call of a function of one argument whose memory can only be written
+  // once the scratch exists (it holds addresses in it): `prepare` writes
+  // that memory, through scratch_alloc, write and the stub addresses
+  // (loader_start, thread_trampoline), and names the function and its
+  // argument; it must make no remote call of its own. Where there is no
+  // scratch yet, `prepare` runs right after the scratch is mapped and the
+  // function is the tail of the scratch's own setup routine: the creation,
+  // the setup and this call are one call of one transaction on one thread
+  // (one seize, stop and release fewer than ensure-then-call, and one stop
+  // at the end fewer than two calls). Otherwise it is call().
   struct Prepared {
     RemoteAddr fn;
-    std::array<uint64_t, 6> args{};
+    uint64_t arg = 0;
   };
   using Prepare = std::function<Result<Prepared>()>;
   Result<CallReport> call_prepared(const Prepare& prepare, const CallOptions& opts = {});

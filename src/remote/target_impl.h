@@ -154,9 +154,8 @@ struct Target::Impl {
     size_t reg;
     std::span<const std::byte> bytes;
   };
-  // `then` (with the setup request only): the call that follows the new
-  // scratch's setup in the same transaction (Target::call_prepared), or in
-  // a transaction of its own when the first one could not go on.
+  // `then` (with the setup request only): the call the new scratch's setup
+  // routine goes on to (Target::call_prepared; Transaction::prepare_next).
   Result<CallReport> transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                               const Deadline& deadline, std::span<const StackArg> on_stack = {},
                               const Target::Prepare* then = nullptr);

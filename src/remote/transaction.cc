@@ -136,13 +136,13 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     // the stub's tail still to run, and a later transaction may remove the
     // code it would run it from (Target::close).
     if (is_syscall) return syscall(static_cast<long>(fn_or_nr), args);
+    if (then != nullptr && !setup_call_)
+      return Result<uint64_t>(Error(Errc::kInternal, "a prepared call is made only with a new scratch"));
+    if (then != nullptr) REMORA_TRY(prepare_next(*then, args));
     auto first = REMORA_TRY(function_call(fn_or_nr, args, direct));
-    if (setup_call_) {
-      REMORA_TRY(check_setup(first));
-      setup_call_ = false;
-    }
-    if (then == nullptr) return first;
-    return then_call(*then);
+    if (!setup_call_) return first;
+    setup_call_ = false;
+    return setup_result(first);
   };
   auto value = steps();
   if (!value) {
@@ -379,37 +379,41 @@ Result<void> Transaction::check_setup(uint64_t value) {
   return std::move(e).with_context("prepare the scratch mapping");
 }
 
-// The call that follows the new scratch's setup in the same transaction
-// (Target::call_prepared). The setup ended as a marked call: the thread
-// stands restored through its frame, exactly as it was seized, in the
-// marker's signal-delivery stop (not at the stub's rt_sigreturn: a marker
-// the function let through itself), and resuming it without a signal
-// discards the marker. So the second call starts there, with the state saved for the
-// first, as if it were a transaction's only call: a new plan (a new cookie),
-// the filter check, the frame written again. Anything else the first call
-// met (a signal that waited for its end, a stop or a signal held back) is
-// let through by the release first: then it runs in a transaction of its
-// own (chained_ stays false: Target::Impl::transact).
-Result<uint64_t> Transaction::then_call(const Target::Prepare& then) {
-  if (!restored_at_marker_ || modified_ || detach_signal_ != 0 || pending_stop_ != 0 ||
-      !held_signals_.empty())
-    return uint64_t{0};
-  restored_at_marker_ = false;
-  chained_ = true;
-  auto p = REMORA_TRY(then());
-  std::array<uint64_t, 6> args = p.args;
-  plan(false, args, {});
-  REMORA_TRY(im_.seccomp_guard.check_stopped(
-      tid_,
-      seccomp::engine_syscalls({marker_ != 0, false, saved_.swap_mask, false, static_cast<long>(p.fn.addr()),
-                                args, im_.scratch_hint}),
-      ""));
-  REMORA_TRY(write_frame({}));
-  if (auto entry_state = a::call_entry_state(saved_.xstate); !entry_state.empty()) {
-    REMORA_TRY(ptrace::set_xstate(tid_, entry_state));
-    modified_ = true;
+// The call to make in the new scratch (Target::call_prepared), as the tail
+// of its setup routine: one call, one stop at its end, where there were two
+// calls (a marked call each, or in a thread whose frame is not exact, two
+// transactions). `prepare` runs once the scratch exists: what it writes
+// into the data pages goes through /proc/PID/mem, as the header did, before
+// the routine makes them writable. The routine's status word says, after
+// the call, whose result came back. A `prepare` that fails leaves the setup
+// to run alone; its error is then the transaction's.
+Result<void> Transaction::prepare_next(const Target::Prepare& prepare, std::array<uint64_t, 6>& args) {
+  auto p = prepare();
+  if (!p) {
+    prepare_error_ = std::move(p).error();
+    return ok();
   }
-  return function_call(p.fn.addr(), args, /*direct=*/true);
+  static constexpr uint64_t kUnset = ~uint64_t{0};
+  REMORA_TRY_CTX(im_.mem.write(im_.scratch_base + kScratchSetupStatus, std::as_bytes(std::span(&kUnset, 1))),
+                 "prepare the scratch mapping");
+  args[3] = p->fn.addr();
+  args[4] = p->arg;
+  next_call_ = true;
+  return ok();
+}
+
+// The setup routine's call is over with `value`: the prepared call's result
+// when the routine went on to it (its status word is 0), else the routine's
+// own (check_setup).
+Result<uint64_t> Transaction::setup_result(uint64_t value) {
+  if (next_call_) {
+    auto status = REMORA_TRY_CTX(im_.mem.read_value<uint64_t>(im_.scratch_base + kScratchSetupStatus),
+                                 "read the scratch's setup status");
+    if (status == 0) return value;
+  }
+  REMORA_TRY(check_setup(value));
+  if (prepare_error_) return std::move(*prepare_error_);
+  return value;
 }
 
 // A function call ends after the stub's rt_sigreturn on the frame (a marked
@@ -559,7 +563,6 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
     const bool returned = slot[1] == cookie_;
     if (returned && (where.ip < stub_lo || where.ip >= stub_hi)) {
       modified_ = false;
-      restored_at_marker_ = true;
       restore_mask_ = (saved_.sigmask & marker_bit_) != 0;
       // Another signal that waited for the call dequeued before the marker:
       // deliver it on detach (the marker, still pending, is one the process

@@ -41,12 +41,11 @@ class Transaction {
 
   // A function call (`fn_or_nr` = the function, or kSetupRequest: the new
   // scratch's own setup routine) or a system call (`is_syscall`).
-  // `then`: see Target::Impl::transact; chained() says whether it ran in
-  // this transaction (or failed in it).
+  // `then`, with kSetupRequest only: the call the setup routine goes on to
+  // (prepare_next); the report's value is then that call's.
   Result<CallReport> run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                          std::span<const Target::Impl::StackArg> on_stack,
                          const Target::Prepare* then = nullptr);
-  bool chained() const { return chained_; }
   // Seizes and stops the thread, returns its registers as saved (pc and
   // stack pointer for the scratch reclaim) and releases it unchanged.
   Result<arch::HostRegs> observe();
@@ -70,7 +69,8 @@ class Transaction {
   Result<void> write_frame(std::span<const Target::Impl::StackArg> on_stack);
   Result<void> enter_restore_path(bool direct);
   Result<void> create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args);
-  Result<uint64_t> then_call(const Target::Prepare& then);
+  Result<void> prepare_next(const Target::Prepare& prepare, std::array<uint64_t, 6>& args);
+  Result<uint64_t> setup_result(uint64_t value);
   Result<void> check_setup(uint64_t value);
   Result<void> remove_failed_scratch(uint64_t base);
   Result<uint64_t> function_call(uint64_t fn, const std::array<uint64_t, 6>& args, bool direct);
@@ -113,9 +113,9 @@ class Transaction {
   uint64_t cookie_ = 0;
   uint64_t result_slot_ = 0;  // where the marked stub writes result and cookie
   bool busy_marked_ = false;  // our scratch's header says this call is in flight
-  bool chained_ = false;      // a second call followed the first (then_call)
   bool setup_call_ = false;   // the call in flight is a new scratch's setup routine
-  bool restored_at_marker_ = false;  // the last marked call ended restored, in the marker's stop
+  bool next_call_ = false;    // ... which goes on to the prepared call (prepare_next)
+  std::optional<Error> prepare_error_;  // the prepare that failed: the setup ran alone
   arch::host::FramePlan frame_;
 };
 

@@ -21,6 +21,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -352,10 +353,10 @@ class Hostile : public IntegrationTest {
 TEST_F(Hostile, Syscalls) { run_plain("remora_target_syscalls"); }
 
 // Target::call_prepared into a process without our scratch, on each thread
-// by tid. Where the scratch's setup ends as a marked call (a thread blocked
-// in a plainly restartable call: read(2), poll, epoll...), the scratch's
-// creation, its setup and the prepared call are one transaction; where it
-// cannot (nanosleep's restart_block: the setup's frame is not exact), two.
+// by tid: the scratch's creation, then one call of its setup routine that
+// goes on to the prepared function, in one transaction -- a marked call on
+// a thread blocked in a plainly restartable call (read(2), poll, epoll...),
+// a traced one where the frame is not exact (nanosleep's restart_block).
 // Either way `prepare` runs once the scratch exists, the call sees the bytes
 // it wrote there, the scratch is set up as always, a second prepared call
 // is a plain one, and the target notices nothing.
@@ -378,7 +379,7 @@ TEST_F(Hostile, PreparedCallMakesTheScratchInItsTransaction) {
       scratch_there = scratch_there && t.scratch_address().has_value();
       auto at = REMORA_TRY(t.scratch_alloc(s.size() + 1));
       REMORA_TRY(t.write(at, std::as_bytes(std::span(s.c_str(), s.size() + 1))));
-      return Target::Prepared{*fn, {at.addr()}};
+      return Target::Prepared{*fn, at.addr()};
     };
     CallOptions opts;
     opts.tid = tid;
@@ -393,11 +394,12 @@ TEST_F(Hostile, PreparedCallMakesTheScratchInItsTransaction) {
       EXPECT_EQ(r->tid, tid) << role;
       printf("  %-9s call %d: %d stops\n", role.c_str(), round, r->stops);
       // On the thread in read(2): the first call took the interrupt, the
-      // setup's own stops and both markers in one transaction; the second is
-      // a plain marked call (2). (Threads in mask-swapping calls, ppoll and
-      // epoll_pwait on aarch64, take more stops for each call.)
+      // mmap's entry and exit, and the end of the one marked call that set
+      // the scratch up and went on to the prepared function (4); the second
+      // is a plain marked call (2). (Threads in mask-swapping calls, ppoll
+      // and epoll_pwait on aarch64, take more stops for each call.)
       if (round == 0 && role == "read") {
-        EXPECT_GT(r->stops, 2) << "the scratch's creation and the call were not one transaction";
+        EXPECT_EQ(r->stops, 4) << "the scratch's creation, its setup and the call were not one marked call";
       }
       if (round == 1 && role == "read") {
         EXPECT_EQ(r->stops, 2) << "a prepared call into an existing scratch";
@@ -416,6 +418,64 @@ TEST_F(Hostile, PreparedCallMakesTheScratchInItsTransaction) {
   EXPECT_EQ(rep.maps_delta(), 0) << rep.raw;
   EXPECT_EQ(rep.strings(), counts.strings) << rep.raw;
 }
+// The setup routine's own failure, as a real kernel gives it: with the
+// target's RLIMIT_DATA at what it uses already, the mmap of the scratch
+// (read and execute: no data) succeeds and the mprotect that makes its data
+// pages writable fails with ENOMEM. The routine then never goes on to the
+// prepared function; the call says why, the scratch is removed again, and
+// the target, its limit put back, noticed nothing.
+TEST_F(Hostile, SetupThatCannotMakeTheDataWritableRemovesTheScratch) {
+  TargetProcess target("remora_target_syscalls");
+  const pid_t read_tid = target.tids().at("read");
+  target.snapshot();
+  const int maps_before = count_maps(target.pid());
+  auto vm_data = [&]() -> uint64_t {
+    std::ifstream status("/proc/" + std::to_string(target.pid()) + "/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmData:", 0) == 0) return std::stoull(line.substr(7)) * 1024;  // kB
+    return 0;
+  };
+  const uint64_t in_use = vm_data();
+  ASSERT_GT(in_use, 0u);
+  struct rlimit old_limit{}, tight{in_use, RLIM_INFINITY};
+  ASSERT_EQ(::prlimit(target.pid(), RLIMIT_DATA, nullptr, &old_limit), 0) << std::strerror(errno);
+  tight.rlim_max = old_limit.rlim_max;
+  ASSERT_EQ(::prlimit(target.pid(), RLIMIT_DATA, &tight, nullptr), 0) << std::strerror(errno);
+  {
+    auto opened = Target::open(target.pid());
+    ASSERT_TRUE(opened.ok()) << describe(opened.error());
+    Target& t = **opened;
+    auto fn = t.find_symbol("", "remora_probe_string");
+    ASSERT_TRUE(fn.ok()) << describe(fn.error());
+    int prepared = 0;
+    auto prepare = [&]() -> Result<Target::Prepared> {
+      ++prepared;
+      auto at = REMORA_TRY(t.scratch_alloc(8));
+      REMORA_TRY(t.write(at, std::as_bytes(std::span("refused", 8))));
+      return Target::Prepared{*fn, at.addr()};
+    };
+    CallOptions opts;
+    opts.tid = read_tid;
+    auto r = t.call_prepared(prepare, opts);
+    ASSERT_FALSE(r.ok()) << "the call ran although the scratch's data could not be made writable";
+    EXPECT_EQ(r.error().code(), Errc::kIo) << describe(r.error());
+    EXPECT_NE(r.error().message().find("mprotect of the scratch's data failed"), std::string::npos)
+        << describe(r.error());
+    EXPECT_EQ(r.error().sys_errno(), ENOMEM) << describe(r.error());
+    printf("  refused as it should be: %s\n", describe(r.error()).c_str());
+    EXPECT_EQ(prepared, 1);
+    EXPECT_FALSE(t.scratch_address().has_value()) << "the failed scratch is still taken for ours";
+    EXPECT_EQ(count_maps(target.pid()), maps_before) << "the failed scratch was left mapped";
+    ASSERT_TRUE(t.close().ok());
+  }
+  ASSERT_EQ(::prlimit(target.pid(), RLIMIT_DATA, &old_limit, nullptr), 0) << std::strerror(errno);
+  ASSERT_TRUE(alive(target.pid()));
+  Report rep = target.report();
+  EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
+  EXPECT_EQ(rep.strings(), 0) << "the prepared function ran: " << rep.raw;
+  EXPECT_EQ(rep.maps_delta(), 0) << rep.raw;
+}
+
 TEST_F(Hostile, Spin) { run_plain("remora_target_spin"); }
 TEST_F(Hostile, Threads64) { run_plain("remora_target_threads64"); }
 TEST_F(Hostile, Malloc) { run_plain("remora_target_malloc"); }
