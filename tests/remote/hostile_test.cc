@@ -437,7 +437,8 @@ TEST_F(Hostile, SetupThatCannotMakeTheDataWritableRemovesTheScratch) {
   };
   const uint64_t in_use = vm_data();
   ASSERT_GT(in_use, 0u);
-  struct rlimit old_limit{}, tight{in_use, RLIM_INFINITY};
+  struct rlimit old_limit {
+  }, tight{in_use, RLIM_INFINITY};
   ASSERT_EQ(::prlimit(target.pid(), RLIMIT_DATA, nullptr, &old_limit), 0) << std::strerror(errno);
   tight.rlim_max = old_limit.rlim_max;
   ASSERT_EQ(::prlimit(target.pid(), RLIMIT_DATA, &tight, nullptr), 0) << std::strerror(errno);
