@@ -600,18 +600,17 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
 // The loader thread's own stack (start_loader_thread).
 constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 
-// The hook's request (agent/protocol.h), its strings and the tool list,
-// into the scratch; the block's hook fields name them. The ranges to
-// retire: our scratch (`scratch`, its base), and the stack the loader start
-// routine is asked to map at `stack_hint` (the agent takes it only if the
-// thread runs on exactly it).
-Result<void> write_hook(remote::Target& t, LoaderRun& run, uint64_t scratch, uint64_t stack_hint,
-                        bool own_stack) {
+// The hook's request (agent/protocol.h), its strings and the tool list, as
+// the bytes to place at `at` in the scratch; the block's hook fields name
+// them. The ranges to retire: our scratch (`scratch`, its base), and the
+// stack the loader start routine is asked to map at `stack_hint` (the agent
+// takes it only if the thread runs on exactly it).
+std::vector<std::byte> hook_bytes(LoaderRun& run, uint64_t at, uint64_t scratch, uint64_t stack_hint,
+                                  bool own_stack) {
   const LoaderAttach& h = *run.hook;
   const size_t name_len = sizeof kLoaderAttachFn, list_len = h.list.size() + 1;
   remora_agent_loader_request req{};
-  const auto at = REMORA_TRY(t.scratch_alloc(sizeof req + name_len + list_len + h.env.size()));
-  const uint64_t name_at = at.addr() + sizeof req, list_at = name_at + name_len, env_at = list_at + list_len;
+  const uint64_t name_at = at + sizeof req, list_at = name_at + name_len, env_at = list_at + list_len;
   req.magic = REMORA_AGENT_LOADER_MAGIC;
   req.env_buffer = h.env.empty() ? 0 : env_at;
   req.env_size = h.env.size();
@@ -631,43 +630,53 @@ Result<void> write_hook(remote::Target& t, LoaderRun& run, uint64_t scratch, uin
   std::memcpy(bytes.data() + sizeof req + name_len, h.list.c_str(), list_len);
   if (!h.env.empty())
     std::memcpy(bytes.data() + sizeof req + name_len + list_len, h.env.data(), h.env.size());
-  REMORA_TRY(t.write(at, bytes));
   run.block.dlsym_fn = h.dlsym_fn.addr();
   run.block.hook_name = name_at;
-  run.block.hook_arg = at.addr();
+  run.block.hook_arg = at;
   run.block.hook_rc = kHookNotRun;
-  return ok();
+  return bytes;
 }
 
-// Writes what the loader thread works on into the scratch: its block (and,
-// when `path` is given, that path right after it, which block.path then
-// names; dlclose_agent's block names a handle), then the loader start
-// routine's block; returns the routine's call. The `prepare` of
+// Writes what the loader thread works on into the scratch, in one
+// allocation and one write: its block (and, when `path` is given, that path
+// right after it, which block.path then names; dlclose_agent's block names
+// a handle), the pthread_t pthread_create stores, the hook's request, then
+// the loader start routine's block and room for its pthread_attr_t (56 bytes
+// on x86_64 and aarch64); returns the routine's call. The `prepare` of
 // Target::call_prepared: for a first attach it runs within the transaction
 // that creates the scratch.
 Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
                                               std::string_view path) {
+  auto align = [](uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); };
   const size_t path_len = path.empty() ? 0 : path.size() + 1;
-  auto mem = REMORA_TRY(t.scratch_alloc(sizeof run.block + path_len + 8));
-  run.block_at = mem.addr();
-  const uint64_t thread_out = (run.block_at + sizeof run.block + path_len + 7) & ~uint64_t{7};
-  if (!path.empty()) {
-    const std::string z(path);
-    run.block.path = run.block_at + sizeof run.block;
-    REMORA_TRY(t.write(RemoteAddr(run.block.path), std::as_bytes(std::span(z.c_str(), path_len))));
-  }
+  const uint64_t thread_off = align(sizeof run.block + path_len, 8);
+  const uint64_t hook_off = align(thread_off + 8, 16);
   const uint64_t below = t.scratch_address().value_or(0);
   const uint64_t stack_hint = below > kLoaderStackSize ? below - kLoaderStackSize : 0;
   const bool own_stack =
       !run.stack_fns[0].null() && !run.stack_fns[1].null() && !fault_injected("libc-stack");
-  if (run.hook) REMORA_TRY(write_hook(t, run, below, stack_hint, own_stack));
-  REMORA_TRY(t.write(RemoteAddr(run.block_at), std::as_bytes(std::span(&run.block, 1))));
-  run.before = procfs::list_tasks(t.pid());
-  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
   const auto fn = REMORA_TRY(t.loader_start());
   const auto tramp = REMORA_TRY(t.thread_trampoline());
-  // The block, then room for the pthread_attr_t (56 bytes on x86_64 and aarch64).
-  const auto at = REMORA_TRY(t.scratch_alloc(sizeof(x::LoaderStart) + 64));
+  // The hook's bytes name their own addresses: sized first, placed once the
+  // allocation is known.
+  const size_t hook_len =
+      run.hook ? sizeof(remora_agent_loader_request) + sizeof kLoaderAttachFn + run.hook->list.size() + 1 +
+                     run.hook->env.size()
+               : 0;
+  const uint64_t start_off = align(hook_off + hook_len, 16);
+  const uint64_t total = start_off + sizeof(x::LoaderStart) + 64;
+  const uint64_t at = REMORA_TRY(t.scratch_alloc(total)).addr();
+  std::vector<std::byte> image(total);
+  run.block_at = at;
+  if (!path.empty()) {
+    run.block.path = at + sizeof run.block;
+    std::memcpy(image.data() + sizeof run.block, path.data(), path.size());  // NUL: the image is zeroed
+  }
+  if (run.hook) {
+    const auto hook = hook_bytes(run, at + hook_off, below, stack_hint, own_stack);
+    std::memcpy(image.data() + hook_off, hook.data(), hook.size());
+  }
+  std::memcpy(image.data(), &run.block, sizeof run.block);
   x::LoaderStart& ls = run.start;
   ls = x::LoaderStart{};
   ls.pthread_create_fn = pthread_create_fn.addr();
@@ -677,14 +686,17 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   }
   ls.stack_hint = stack_hint;
   ls.stack_size = kLoaderStackSize;
-  ls.attr = at.addr() + sizeof ls;
-  ls.thread_out = thread_out;
+  ls.attr = at + start_off + sizeof ls;
+  ls.thread_out = at + thread_off;
   ls.trampoline = tramp.addr();
   ls.block = run.block_at;
   ls.created = ~uint64_t{0};  // stays so unless pthread_create ran
-  REMORA_TRY(t.write(at, std::as_bytes(std::span(&ls, 1))));
-  run.start_at = at.addr();
-  return remote::Target::Prepared{fn, at.addr()};
+  std::memcpy(image.data() + start_off, &ls, sizeof ls);
+  REMORA_TRY(t.write(RemoteAddr(at), image));
+  run.before = procfs::list_tasks(t.pid());
+  REMORA_LOG(kAttach, "pid %d: loader block written", t.pid());
+  run.start_at = at + start_off;
+  return remote::Target::Prepared{fn, run.start_at};
 }
 
 // Starts the loader thread: one call of the stub's loader start routine
