@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -481,14 +482,28 @@ bool still_scratch(uintptr_t base, uint64_t magic) {
 }
 
 // Waits (20 us naps) until `done` says so or `until` (monotonic ms) passes.
+// The naps are short only with a short timer slack: the kernel stretches
+// each sleep of a thread by its slack, 50 us by default, and the loader
+// thread these waits are mostly for is gone within microseconds. So the
+// slack is 1 ns while it waits and put back before it returns: the tools'
+// threads, which tool_attach may start from this one, inherit the slack
+// the listener had.
 template <typename Done>
 bool wait_until(Done done, uint64_t until) {
+  if (done()) return true;
+  const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  bool ok = true;
   while (!done()) {
-    if (monotonic_ms() >= until) return done();
+    if (monotonic_ms() >= until) {
+      ok = done();
+      break;
+    }
     timespec ts{0, 20000};
     nanosleep(&ts, nullptr);
   }
-  return true;
+  if (slack > 0) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(slack), 0, 0, 0);
+  return ok;
 }
 
 int attach_entry(const void* env_buffer, const char* tool_list);  // remora_agent_attach's body
