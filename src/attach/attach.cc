@@ -557,10 +557,12 @@ struct LoaderRun {
 Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline& deadline) {
   long nap = 20'000;
   // Looking for a stopped loader thread costs two /proc reads and more:
-  // done every half millisecond, not at every look at the block, and first
-  // after a quarter of one (a running process's loader is rarely done
-  // sooner; a stopped one's waits that long to be driven).
-  auto next_stop_check = std::chrono::steady_clock::now() + std::chrono::microseconds(250);
+  // done every half millisecond, not at every look at the block; first at
+  // once in a process that was stopped when it was opened (its loader cannot
+  // run), else after a millisecond (a running process's loader is mostly
+  // done by then; one stopped since waits that long to be driven).
+  auto next_stop_check = std::chrono::steady_clock::now() +
+                         (t.stopped_at_open() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
   for (;;) {
     REMORA_TRY_CTX(t.read(RemoteAddr(run.block_at), std::as_writable_bytes(std::span(&run.block, 1))),
                    "read the loader block");
