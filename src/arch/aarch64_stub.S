@@ -35,8 +35,8 @@
  *  scratch setup (a function: x0 = base, x1 = size, x2 = name, x3 = next
  *  function or 0, x4 = its argument):
  *    mprotect of the data pages (base + page on) to read-write, returning
- *    its -errno on failure, then 0 into the setup status word (base + page
- *    + 16), prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) and
+ *    its -errno on failure, then the base into the setup status word (base
+ *    + page + 16), prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size, name) and
  *    madvise(base, size, MADV_DONTFORK); then a tail call of next(arg)
  *    (through x16, which a BTI `bti c` pad accepts from `br`) if there is
  *    one, else returns 0 (as x86_64_stub.S's).
@@ -207,7 +207,7 @@ remora_aarch64_stub:
   mov x8, #REMORA_AARCH64_NR_MPROTECT
   svc #0
   cbnz x0, 1f                               /* -errno: nothing else done */
-  str xzr, [x9, #REMORA_AARCH64_SETUP_STATUS]  /* 0: the data pages are writable */
+  str x9, [x9, #REMORA_AARCH64_SETUP_STATUS]   /* the base: the data pages are writable */
   mov x4, x11
   mov x3, x10
   mov x2, x9

@@ -82,8 +82,9 @@
 #define REMORA_AARCH64_DATA_PROT 0x3
 #define REMORA_AARCH64_PAGE 4096
 // The setup status word (base-relative, in the first data page, after the
-// echo slot): ~0 as the controller writes it, 0 once the setup routine made
-// the data pages writable (remote/scratch.h's kScratchSetupStatus).
+// echo slot): 0 in the fresh mapping, the mapping's base once the setup
+// routine made the data pages writable (remote/scratch.h's
+// kScratchSetupStatus).
 #define REMORA_AARCH64_SETUP_STATUS (REMORA_AARCH64_PAGE + 16)
 // The loader stack's mmap: PROT_READ | PROT_WRITE, and MAP_PRIVATE |
 // MAP_ANONYMOUS | MAP_STACK (asm-generic/mman*.h).

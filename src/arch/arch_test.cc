@@ -199,7 +199,7 @@ TEST(Aarch64, Encodings) {
   EXPECT_LE(a::Stub::kLoaderStart + 0xb4, a::Stub::kScratchSetup);
   // The scratch setup, after it: next (x3) and its argument (x4) into x16
   // and x12; mprotect of the data pages (x8 = 226; svc; cbnz x0 to the ret),
-  // its 0 into the status word, prctl and madvise, then 0, and with a next
+  // the base into the status word, prctl and madvise, then 0, and with a next
   // (cbz x16 to the ret) the argument into x0 and br x16.
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x00), 0xaa0303f0u);  // mov x16, x3
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x04), 0xaa0403ecu);  // mov x12, x4
@@ -207,7 +207,7 @@ TEST(Aarch64, Encodings) {
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x24), a::encode_svc0());
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x28), 0xb5000000u | ((0x74 - 0x28) / 4) << 5);  // cbnz x0, ret
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x2c),
-            0xf9000000u | (a::Stub::kSetupStatus / 8) << 10 | 9u << 5 | 31u);  // str xzr, [x9, #status]
+            0xf9000000u | (a::Stub::kSetupStatus / 8) << 10 | 9u << 5 | 9u);  // str x9, [x9, #status]
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x60), a::encode_svc0());             // madvise
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x64), a::encode_movz(0, 0));
   EXPECT_EQ(word(a::Stub::kScratchSetup + 0x68), 0xb4000000u | ((0x74 - 0x68) / 4) << 5 | 16u);  // cbz x16
@@ -420,8 +420,8 @@ TEST(X86_64Stub, LoaderStartEncoding) {
 // The scratch setup, as reviewed in its disassembly: next (rcx) and its
 // argument (r8) pushed; base, size and name into r9, r10, r8;
 // mprotect(base + 0x1000, size - 0x1000, RW) and, on a non-zero result,
-// straight to the two pops and the ret with it; its 0 into the status word
-// (base + 0x1010); prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size,
+// straight to the two pops and the ret with it; the base into the status
+// word (base + 0x1010); prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, base, size,
 // name); madvise(base, size, MADV_DONTFORK); 0; the argument into rdi and
 // next into rcx, jrcxz to the ret, else jmp *%rcx (rsp as at entry). It
 // fills its room to the trampoline's end.
@@ -429,7 +429,7 @@ TEST(X86_64Stub, ScratchSetupEncoding) {
   static constexpr uint8_t kSetup[] = {
       0x51, 0x41, 0x50, 0x49, 0x89, 0xf9, 0x49, 0x89, 0xf2, 0x49, 0x89, 0xd0, 0x49, 0x8d, 0xb9, 0x00,
       0x10, 0x00, 0x00, 0x49, 0x8d, 0xb2, 0x00, 0xf0, 0xff, 0xff, 0xba, 0x03, 0x00, 0x00, 0x00, 0xb8,
-      0x0a, 0x00, 0x00, 0x00, 0x0f, 0x05, 0x48, 0x85, 0xc0, 0x75, 0x32, 0x49, 0x89, 0x81, 0x10, 0x10,
+      0x0a, 0x00, 0x00, 0x00, 0x0f, 0x05, 0x48, 0x85, 0xc0, 0x75, 0x32, 0x4d, 0x89, 0x89, 0x10, 0x10,
       0x00, 0x00, 0x4c, 0x89, 0xca, 0x31, 0xf6, 0xbf, 0x41, 0x4d, 0x56, 0x53, 0xb8, 0x9d, 0x00, 0x00,
       0x00, 0x0f, 0x05, 0x4c, 0x89, 0xcf, 0x4c, 0x89, 0xd6, 0xba, 0x0a, 0x00, 0x00, 0x00, 0xb8, 0x1c,
       0x00, 0x00, 0x00, 0x0f, 0x05, 0x31, 0xc0, 0x5f, 0x59, 0xe3, 0x04, 0xff, 0xe1, 0x5f, 0x59, 0xc3};

@@ -52,8 +52,8 @@
  *  rcx = next function or 0, r8 = its argument):
  *    mprotect(base + page, size - page, PROT_READ | PROT_WRITE) for the
  *    data pages (on failure it returns that -errno and does nothing else),
- *    then 0 into the setup status word (base + page + 16, which the
- *    controller set to ~0 through /proc/PID/mem), prctl(PR_SET_VMA,
+ *    then the base into the setup status word (base + page + 16, 0 in the
+ *    fresh mapping until then), prctl(PR_SET_VMA,
  *    PR_SET_VMA_ANON_NAME, base, size, name) (its failure on kernels without
  *    anonymous VMA names is harmless), madvise(base, size, MADV_DONTFORK);
  *    then, with a next function, a tail call of next(arg) (its result is
@@ -240,7 +240,7 @@ remora_x86_64_stub:
   syscall
   test %rax, %rax
   jnz .Lsetup_out                      /* -errno: nothing else done (the data stays read-only) */
-  mov %rax, REMORA_X86_64_SETUP_STATUS(%r9)  /* 0: the data pages are writable */
+  mov %r9, REMORA_X86_64_SETUP_STATUS(%r9)   /* the base: the data pages are writable */
   mov %r9, %rdx                        /* prctl arg 3: base */
   xor %esi, %esi                       /* PR_SET_VMA_ANON_NAME */
   .if REMORA_X86_64_PR_SET_VMA_ANON_NAME != 0

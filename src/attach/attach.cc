@@ -564,6 +564,10 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
   auto next_stop_check = std::chrono::steady_clock::now() +
                          (t.stopped_at_open() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
   for (;;) {
+    // A nap first: the thread was started a moment ago, and no dlopen or
+    // dlclose is over that soon (a read of the block saved).
+    pause_briefly(nap);
+    nap = std::min<long>(nap + 20'000, 200'000);
     REMORA_TRY_CTX(t.read(RemoteAddr(run.block_at), std::as_writable_bytes(std::span(&run.block, 1))),
                    "read the loader block");
     if (run.block.done == 1) return ok();
@@ -593,9 +597,7 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
                    "blocked); the loader thread was left running");
     }
     // The agent's dlopen takes about a millisecond: look often, without
-    // spinning.
-    pause_briefly(nap);
-    nap = std::min<long>(nap + 20'000, 200'000);
+    // spinning (the nap at the top).
   }
 }
 

@@ -45,10 +45,10 @@ inline constexpr uint64_t kScratchSize = 16 * kPage;
 inline constexpr uint64_t kScratchNameOffset = 128;
 inline constexpr uint64_t kScratchStub = 256;
 inline constexpr uint64_t kScratchEcho = kPage;
-// The setup status word, after the echo slot: ~0 as the controller writes it
-// before the setup routine runs, 0 once that routine has made the data pages
-// writable (arch's Stub::kSetupStatus). Tells the routine's own failure from
-// that of the call it went on to (Target::call_prepared).
+// The setup status word, after the echo slot: 0 in the fresh mapping, the
+// mapping's base once the setup routine has made the data pages writable
+// (arch's Stub::kSetupStatus). Tells the routine's own failure from that of
+// the call it went on to (Target::call_prepared).
 inline constexpr uint64_t kScratchSetupStatus = kPage + 16;
 inline constexpr uint64_t kScratchData = kPage + 64;
 

@@ -393,9 +393,6 @@ Result<void> Transaction::prepare_next(const Target::Prepare& prepare, std::arra
     prepare_error_ = std::move(p).error();
     return ok();
   }
-  static constexpr uint64_t kUnset = ~uint64_t{0};
-  REMORA_TRY_CTX(im_.mem.write(im_.scratch_base + kScratchSetupStatus, std::as_bytes(std::span(&kUnset, 1))),
-                 "prepare the scratch mapping");
   args[3] = p->fn.addr();
   args[4] = p->arg;
   next_call_ = true;
@@ -403,13 +400,14 @@ Result<void> Transaction::prepare_next(const Target::Prepare& prepare, std::arra
 }
 
 // The setup routine's call is over with `value`: the prepared call's result
-// when the routine went on to it (its status word is 0), else the routine's
-// own (check_setup).
+// when the routine went on to it (its status word holds the scratch's base,
+// which only the routine writes there), else the routine's own
+// (check_setup).
 Result<uint64_t> Transaction::setup_result(uint64_t value) {
   if (next_call_) {
     auto status = REMORA_TRY_CTX(im_.mem.read_value<uint64_t>(im_.scratch_base + kScratchSetupStatus),
                                  "read the scratch's setup status");
-    if (status == 0) return value;
+    if (status == im_.scratch_base) return value;
   }
   REMORA_TRY(check_setup(value));
   if (prepare_error_) return std::move(*prepare_error_);
