@@ -425,14 +425,15 @@ void* lease_main(void*) {
     pthread_mutex_unlock(&g_lock);
     return nullptr;
   }
-  if (remora_agent_info.attached) {
-    detach_all_locked();
-    remora_agent_info.lease_expired = 1;
-  }
+  const bool forced = remora_agent_info.attached;
+  if (forced) detach_all_locked();
   // Expired: nobody will disarm this lease, so it closes itself and the
   // watcher goes (no fd and no thread of ours stays in the process); it is
-  // joined later (join_expired_watcher_locked).
+  // joined later (join_expired_watcher_locked). Closed before it says it
+  // expired: a controller reading the block without our lock (remora
+  // status) that sees `lease_expired` sees no lease holder any more.
   close_lease_locked();
+  if (forced) __atomic_store_n(&remora_agent_info.lease_expired, 1, __ATOMIC_RELEASE);
   g_lease_unjoined = true;
   pthread_mutex_unlock(&g_lock);
   return nullptr;
