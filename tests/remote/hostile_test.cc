@@ -418,6 +418,44 @@ TEST_F(Hostile, PreparedCallMakesTheScratchInItsTransaction) {
   EXPECT_EQ(rep.maps_delta(), 0) << rep.raw;
   EXPECT_EQ(rep.strings(), counts.strings) << rep.raw;
 }
+// A `prepare` that fails (here: asks the scratch for more than it holds)
+// fails the call with its own error, after the scratch's setup has run
+// alone: the scratch is there and set up as always, the next call into it
+// is a plain one, and the target noticed nothing.
+TEST_F(Hostile, PrepareThatFailsLeavesTheScratchSetUp) {
+  TargetProcess target("remora_target_syscalls");
+  const pid_t read_tid = target.tids().at("read");
+  target.snapshot();
+  {
+    auto opened = Target::open(target.pid());
+    ASSERT_TRUE(opened.ok()) << describe(opened.error());
+    Target& t = **opened;
+    auto fn = t.find_symbol("", "remora_probe");
+    ASSERT_TRUE(fn.ok()) << describe(fn.error());
+    auto prepare = [&]() -> Result<Target::Prepared> {
+      REMORA_TRY(t.scratch_alloc(size_t{1} << 30));  // more than any scratch holds
+      return Target::Prepared{*fn, 1};
+    };
+    CallOptions opts;
+    opts.tid = read_tid;
+    auto r = t.call_prepared(prepare, opts);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("scratch session memory exhausted"), std::string::npos)
+        << describe(r.error());
+    ASSERT_TRUE(t.scratch_address().has_value()) << "the setup did not run alone";
+    expect_scratch_set_up(t);
+    auto again = t.call(*fn, probe_args(1, 11), opts);
+    ASSERT_TRUE(again.ok()) << describe(again.error());
+    EXPECT_EQ(again->value, probe_expected(1, 11));
+    EXPECT_EQ(again->stops, 2) << "a plain marked call into the scratch";
+    ASSERT_TRUE(t.close().ok());
+  }
+  ASSERT_TRUE(alive(target.pid()));
+  Report rep = target.report();
+  EXPECT_EQ(rep.anomalies(), 0) << rep.raw;
+  EXPECT_EQ(rep.maps_delta(), 0) << rep.raw;
+}
+
 // The setup routine's own failure, as a real kernel gives it: with the
 // target's RLIMIT_DATA at what it uses already, the mmap of the scratch
 // (read and execute: no data) succeeds and the mprotect that makes its data
