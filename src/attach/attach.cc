@@ -604,6 +604,12 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
 // The loader thread's own stack (start_loader_thread).
 constexpr uint64_t kLoaderStackSize = 1024 * 1024;
 
+// How many bytes hook_bytes makes: the request, the hook's name, the tool
+// list and the environment, in that order.
+size_t hook_size(const LoaderAttach& h) {
+  return sizeof(remora_agent_loader_request) + sizeof kLoaderAttachFn + h.list.size() + 1 + h.env.size();
+}
+
 // The hook's request (agent/protocol.h), its strings and the tool list, as
 // the bytes to place at `at` in the scratch; the block's hook fields name
 // them. The ranges to retire: our scratch (`scratch`, its base), and the
@@ -628,7 +634,7 @@ std::vector<std::byte> hook_bytes(LoaderRun& run, uint64_t at, uint64_t scratch,
     req.retire[1][0] = stack_hint;
     req.retire[1][1] = kLoaderStackSize;
   }
-  std::vector<std::byte> bytes(sizeof req + name_len + list_len + h.env.size());
+  std::vector<std::byte> bytes(hook_size(h));
   std::memcpy(bytes.data(), &req, sizeof req);
   std::memcpy(bytes.data() + sizeof req, kLoaderAttachFn, name_len);
   std::memcpy(bytes.data() + sizeof req + name_len, h.list.c_str(), list_len);
@@ -663,10 +669,7 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   const auto tramp = REMORA_TRY(t.thread_trampoline());
   // The hook's bytes name their own addresses: sized first, placed once the
   // allocation is known.
-  const size_t hook_len =
-      run.hook ? sizeof(remora_agent_loader_request) + sizeof kLoaderAttachFn + run.hook->list.size() + 1 +
-                     run.hook->env.size()
-               : 0;
+  const size_t hook_len = run.hook ? hook_size(*run.hook) : 0;
   const uint64_t start_off = align(hook_off + hook_len, 16);
   const uint64_t total = start_off + sizeof(x::LoaderStart) + 64;
   const uint64_t at = REMORA_TRY(t.scratch_alloc(total)).addr();
