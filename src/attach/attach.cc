@@ -561,8 +561,9 @@ Result<void> wait_loader_done(remote::Target& t, LoaderRun& run, const Deadline&
   // once in a process that was stopped when it was opened (its loader cannot
   // run), else after a millisecond (a running process's loader is mostly
   // done by then; one stopped since waits that long to be driven).
-  auto next_stop_check = std::chrono::steady_clock::now() +
-                         (t.stopped_at_open() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
+  auto next_stop_check =
+      std::chrono::steady_clock::now() +
+      (t.stopped_at_open() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
   for (;;) {
     // A nap first: the thread was started a moment ago, and no dlopen or
     // dlclose is over that soon (a read of the block saved).

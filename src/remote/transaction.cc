@@ -138,7 +138,7 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     if (is_syscall) return syscall(static_cast<long>(fn_or_nr), args);
     if (then != nullptr && !setup_call_)
       return Result<uint64_t>(Error(Errc::kInternal, "a prepared call is made only with a new scratch"));
-    if (then != nullptr) REMORA_TRY(prepare_next(*then, args));
+    if (then != nullptr) prepare_next(*then, args);
     auto first = REMORA_TRY(function_call(fn_or_nr, args, direct));
     if (!setup_call_) return first;
     setup_call_ = false;
@@ -387,16 +387,15 @@ Result<void> Transaction::check_setup(uint64_t value) {
 // the routine makes them writable. The routine's status word says, after
 // the call, whose result came back. A `prepare` that fails leaves the setup
 // to run alone; its error is then the transaction's.
-Result<void> Transaction::prepare_next(const Target::Prepare& prepare, std::array<uint64_t, 6>& args) {
+void Transaction::prepare_next(const Target::Prepare& prepare, std::array<uint64_t, 6>& args) {
   auto p = prepare();
   if (!p) {
     prepare_error_ = std::move(p).error();
-    return ok();
+    return;
   }
   args[3] = p->fn.addr();
   args[4] = p->arg;
   next_call_ = true;
-  return ok();
 }
 
 // The setup routine's call is over with `value`: the prepared call's result

@@ -69,7 +69,7 @@ class Transaction {
   Result<void> write_frame(std::span<const Target::Impl::StackArg> on_stack);
   Result<void> enter_restore_path(bool direct);
   Result<void> create_scratch(bool is_syscall, uint64_t& fn_or_nr, std::array<uint64_t, 6>& args);
-  Result<void> prepare_next(const Target::Prepare& prepare, std::array<uint64_t, 6>& args);
+  void prepare_next(const Target::Prepare& prepare, std::array<uint64_t, 6>& args);
   Result<uint64_t> setup_result(uint64_t value);
   Result<void> check_setup(uint64_t value);
   Result<void> remove_failed_scratch(uint64_t base);
