@@ -205,6 +205,13 @@ int target_main(int ready_fd, int hold_fd, int shm, int spinners, int blocked) {
   return 0;
 }
 
+// CPU time (user + system) of all the calling process's threads, us.
+double process_cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
+
 // "--load READY GO DONE AGENT TOOL": the in-process floor. Says it is up,
 // waits for "go", then loads the agent (its constructor starts the
 // listener) and attaches the tool through the agent's own entry point, and
@@ -214,20 +221,23 @@ int load_main(int ready_fd, int go_fd, int done_fd, const char* agent, const cha
   (void)!write(ready_fd, &b, 1);
   if (read(go_fd, &b, 1) != 1) return 1;
   auto t0 = Clock::now();
+  const double cpu0 = process_cpu_us();
   void* h = dlopen(agent, RTLD_NOW | RTLD_NODELETE);
   using AttachFn = int (*)(const void*, const char*);
   auto attach = h ? reinterpret_cast<AttachFn>(dlsym(h, "remora_agent_attach")) : nullptr;
-  double us = attach && attach(nullptr, tool) == 0 ? us_since(t0) : -1;
-  (void)!write(done_fd, &us, sizeof us);
+  // Its own time, and the CPU time all its threads spent meanwhile.
+  const double out[2] = {attach && attach(nullptr, tool) == 0 ? us_since(t0) : -1, process_cpu_us() - cpu0};
+  (void)!write(done_fd, out, sizeof out);
   return 0;
 }
 
 // Runs `count` fresh "--load" processes, as many at a time as there are
 // CPUs (a new one goes when one is done), once all are up. Returns each
 // one's own time (us) and the wall time from the first "go" to the last
-// report (us).
+// report (us); `cpu` (if given) receives the median of the CPU time each
+// process spent on its load (us).
 std::pair<std::vector<double>, double> in_process(const std::string& agent, const std::string& tool,
-                                                  int count) {
+                                                  int count, double* cpu = nullptr) {
   int ready[2], go[2], done[2];
   if (pipe(ready) || pipe(go) || pipe(done)) die("pipe");
   std::vector<pid_t> kids;
@@ -250,11 +260,12 @@ std::pair<std::vector<double>, double> in_process(const std::string& agent, cons
   auto t0 = Clock::now();
   std::string first(static_cast<size_t>(width), 'g');
   if (write(go[1], first.data(), first.size()) != width) die("write");
-  std::vector<double> each;
+  std::vector<double> each, each_cpu;
   for (int got = 0; got < count; ++got) {
-    double us = -1;
-    if (read(done[0], &us, sizeof us) != sizeof us || us < 0) die("in-process load failed");
-    each.push_back(us);
+    double us[2] = {-1, 0};
+    if (read(done[0], us, sizeof us) != sizeof us || us[0] < 0) die("in-process load failed");
+    each.push_back(us[0]);
+    each_cpu.push_back(us[1]);
     if (got + width < count && write(go[1], "g", 1) != 1) die("write");
   }
   double wall = us_since(t0);
@@ -262,6 +273,7 @@ std::pair<std::vector<double>, double> in_process(const std::string& agent, cons
   close(go[1]);
   close(done[0]);
   for (pid_t k : kids) waitpid(k, nullptr, 0);
+  if (cpu) *cpu = median(each_cpu);
   return {each, wall};
 }
 
@@ -336,13 +348,17 @@ double cli_attach(const std::string& remora, const std::string& tool, const std:
   return cli_run(remora, args);
 }
 
-double tree_attach(const AttachOptions& opts) {
+// `cpu` receives the controller's CPU time per process (all its threads:
+// nothing else of the bench runs meanwhile).
+double tree_attach(const AttachOptions& opts, double* cpu) {
   Tree t;
   spawn_tree(t, 31);
   Controller tc;
   auto t0 = Clock::now();
+  const double cpu0 = process_cpu_us();
   auto r = tc.attach_tree(t.root, opts);
   double us = us_since(t0);
+  *cpu = (process_cpu_us() - cpu0) / 32;
   if (!r) die(r.error().to_string());
   size_t okc = 0;
   for (const auto& o : *r) okc += o.ok;
@@ -353,7 +369,7 @@ double tree_attach(const AttachOptions& opts) {
 
 struct Rows {
   std::vector<double> floor, idle, idle_cpu, spin, spin_stall, threads8, threads8_stall, base_stall, cli_d1,
-      cli_keep, version, spawn, reattach, detach, tree, tree_floor;
+      cli_keep, version, spawn, reattach, detach, tree, tree_floor, tree_cpu, tree_floor_cpu;
 };
 
 void reattach_cycles(const AttachOptions& opts, int cycles, Rows* rows) {
@@ -413,6 +429,18 @@ void print_rows(const Rows& r, int rounds) {
         median(r.cli_keep) - median(r.spawn) - median(r.idle));
   std::printf("32 processes / their in-process floor: %.2fx (goal <= 2x)\n",
               median(r.tree) / median(r.tree_floor));
+  std::printf(
+      "  CPU per process: the controller's in the tree %.0f us; a floor process's own for its load %.0f us\n",
+      median(r.tree_cpu), median(r.tree_floor_cpu));
+}
+
+// One sample of each tree row: the floor, then the tree.
+void tree_rows(const AttachOptions& opts, Rows* r) {
+  double cpu = 0;
+  r->tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32, &cpu).second);
+  r->tree_floor_cpu.push_back(cpu);
+  r->tree.push_back(tree_attach(opts, &cpu));
+  r->tree_cpu.push_back(cpu);
 }
 
 std::string remora_next_to_us() {
@@ -445,8 +473,7 @@ int main(int argc, char** argv) {
   Rows r;
   for (int i = 0; i < rounds; ++i) {
     if (tree_only) {  // REMORA_BENCH_ROWS=tree: the tree rows alone, every round (for profiling)
-      r.tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second);
-      r.tree.push_back(tree_attach(opts));
+      tree_rows(opts, &r);
       continue;
     }
     r.floor.push_back(in_process(opts.agent_path, opts.tools[0], 1).first.at(0));
@@ -466,8 +493,7 @@ int main(int argc, char** argv) {
     }
     reattach_cycles(opts, 10, &r);
     if (i % 3 == 0) {  // the tree rows cost 20x a round's others: a third as many samples
-      r.tree_floor.push_back(in_process(opts.agent_path, opts.tools[0], 32).second);
-      r.tree.push_back(tree_attach(opts));
+      tree_rows(opts, &r);
     }
   }
   print_rows(r, rounds);

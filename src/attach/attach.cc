@@ -353,10 +353,12 @@ std::optional<std::vector<RemoteAddr>> just_loaded_symbols(
   auto image = elf::ImageCache::global().get_or_load(elf::ImageCache::Key{st.st_dev, st.st_ino, ""},
                                                      [&] { return elf::ElfImage::from_fd(f.get()); });
   if (!image || (*image)->build_id().empty() || (*image)->load_segments().empty()) return std::nullopt;
-  const uint64_t header = lm.l_addr + ((*image)->load_segments().front().vaddr & ~uint64_t{4095});
   auto read = [&t](uint64_t addr, std::span<std::byte> out) { return t.read(RemoteAddr(addr), out); };
-  auto in_memory = elf::ElfImage::headers_from_memory(header, read);
-  if (!in_memory || (*in_memory)->build_id() != (*image)->build_id()) return std::nullopt;
+  if (!(*image)->build_id_mapped_at(lm.l_addr, read)) {  // a Build ID in a section only: the headers
+    const uint64_t header = lm.l_addr + ((*image)->load_segments().front().vaddr & ~uint64_t{4095});
+    auto in_memory = elf::ElfImage::headers_from_memory(header, read);
+    if (!in_memory || (*in_memory)->build_id() != (*image)->build_id()) return std::nullopt;
+  }
   std::vector<RemoteAddr> out;
   for (const auto& q : queries) {
     auto sym = (*image)->find_symbol(q.name);
@@ -763,9 +765,10 @@ Result<void> start_loader_thread(remote::Target& t, RemoteAddr pthread_create_fn
 // Runs Remora's thread trampoline on a fresh thread of the target, on
 // `run.block` (its fields filled in by the caller; written into the scratch
 // with `path`, see write_loader), and waits for the thread to have left our
-// scratch code (and its stack) for good. The thread's stack is then
-// removed, or, with `stack_out`, handed to the caller (who removes it with
-// the scratch: ensure_agent).
+// scratch code (and its stack) for good, unless the agent's listener took
+// both (it waits for that itself). The thread's stack is then removed, or,
+// with `stack_out`, handed to the caller (who removes it with the scratch:
+// ensure_agent).
 Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
                                    std::string_view path, const Deadline& deadline,
                                    remote::RemoteHandle* stack_out = nullptr) {
@@ -778,7 +781,15 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
   };
   if (auto done = wait_loader_done(t, run, deadline); !done) return keep_stack(std::move(done).error());
   REMORA_LOG(kAttach, "pid %d: loader thread's call returned", t.pid());
-  // Then for its thread to leave the scratch code and its stack for good
+  // The hook took the attach and the stack: the agent's listener waits for
+  // the thread to be gone before it attaches, and removes the stack and our
+  // scratch after (finish_loader_attach waits for that). Nothing of ours
+  // needs the thread gone before.
+  if (run.hook != nullptr && run.block.hook_rc == 0 && run.hook_takes_stack) {
+    stack.release();
+    return ok();
+  }
+  // Else for its thread to leave the scratch code and its stack for good
   // (after `done` it still returns through both). The block has the tid the
   // target's pid namespace gave it.
   if (auto gone = detail::wait_target_thread_gone(t.pid(), run.block.tid, t.in_nested_pid_ns(), deadline);
@@ -786,8 +797,6 @@ Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_
     t.abandon_scratch();
     return keep_stack(std::move(gone).error().with_context("wait for the agent's loader thread to exit"));
   }
-  // The hook took the attach: the agent's listener removes the stack it ran on.
-  if (run.hook != nullptr && run.block.hook_rc == 0 && run.hook_takes_stack) stack.release();
   if (stack_out) {
     *stack_out = std::move(stack);
     return ok();

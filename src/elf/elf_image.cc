@@ -110,7 +110,9 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + (a - 1)) & ~(a - 1); }  
 // The note walker behind find_build_id_in_notes. `align` is 4 for nearly all
 // notes; .note.gnu.property sits in a PT_NOTE with p_align 8 and uses 8-byte
 // padding (gABI for ELF64), so the readers pass the segment's alignment.
-Result<std::optional<std::vector<std::byte>>> walk_notes(std::span<const std::byte> notes, uint64_t align) {
+// `found_at`, if given, receives the offset of the Build ID note's header.
+Result<std::optional<std::vector<std::byte>>> walk_notes(std::span<const std::byte> notes, uint64_t align,
+                                                         uint64_t* found_at = nullptr) {
   std::optional<std::vector<std::byte>> found;
   uint64_t pos = 0;
   const uint64_t size = notes.size();
@@ -139,6 +141,7 @@ Result<std::optional<std::vector<std::byte>>> walk_notes(std::span<const std::by
       if (!found) {
         auto desc = notes.subspan(desc_off, nh.n_descsz);
         found.emplace(desc.begin(), desc.end());
+        if (found_at) *found_at = pos;
       }
     }
     pos = next;
@@ -560,9 +563,11 @@ Result<std::shared_ptr<const ElfImage>> ElfParser::parse_file(std::span<const st
   for (const Elf64_Phdr& p : ph.notes) {
     auto data =
         REMORA_TRY_CTX(read_bytes(fread, p.p_offset, p.p_filesz, kMaxNoteBytes, "PT_NOTE"), "PT_NOTE");
-    auto id = REMORA_TRY_CTX(walk_notes(data, p.p_align == 8 ? 8 : 4), "PT_NOTE");
+    uint64_t at = 0;
+    auto id = REMORA_TRY_CTX(walk_notes(data, p.p_align == 8 ? 8 : 4, &at), "PT_NOTE");
     if (id) {
       img->build_id_ = std::move(*id);
+      img->build_id_note_vaddr_ = p.p_vaddr + at;
       break;
     }
   }
@@ -733,6 +738,22 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::headers_from_memory(uint64_t b
 }
 
 std::string ElfImage::build_id_hex() const { return to_hex(build_id_.data(), build_id_.size()); }
+
+bool ElfImage::build_id_mapped_at(uint64_t bias, const ReadFn& read) const {
+  if (build_id_.empty() || !build_id_note_vaddr_) return false;
+  const uint64_t vaddr = *build_id_note_vaddr_;
+  // The note as the file has it: header, "GNU\0", the descriptor (its
+  // padding is not compared: it may lie past the segment's file part).
+  Elf64_Nhdr nh{4, static_cast<Elf64_Word>(build_id_.size()), NT_GNU_BUILD_ID};
+  std::vector<std::byte> want(sizeof nh + 4 + build_id_.size());
+  std::memcpy(want.data(), &nh, sizeof nh);
+  std::memcpy(want.data() + sizeof nh, "GNU", 4);
+  std::memcpy(want.data() + sizeof nh + 4, build_id_.data(), build_id_.size());
+  const LoadSegment* seg = segment_for(vaddr);
+  if (seg == nullptr || !fits(vaddr - seg->vaddr, want.size(), seg->filesz)) return false;
+  std::vector<std::byte> have(want.size());
+  return read(bias + vaddr, have) && have == want;
+}
 
 bool ElfImage::SymbolTable::name_is(const RawSymbol& s, std::string_view want) const {
   // The parser checked that s.name starts a NUL-terminated string, so this

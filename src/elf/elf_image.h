@@ -81,6 +81,12 @@ class ElfImage {
   // GNU Build ID (NT_GNU_BUILD_ID in a PT_NOTE or .note.gnu.build-id); empty if none.
   const std::vector<std::byte>& build_id() const { return build_id_; }
   std::string build_id_hex() const;
+  // Whether this file's Build ID note is where this file has it in an image
+  // another process mapped at load bias `bias` (read through `read`): one
+  // read of a few dozen bytes, where headers_from_memory makes three and a
+  // parse. False when unknown: no Build ID, or one found only in a section
+  // (then compare headers_from_memory's).
+  bool build_id_mapped_at(uint64_t bias, const ReadFn& read) const;
   const std::string& soname() const { return soname_; }               // DT_SONAME, or empty
   const std::vector<std::string>& needed() const { return needed_; }  // DT_NEEDED, in order
 
@@ -115,6 +121,7 @@ class ElfImage {
   bool has_interp_ = false, has_dynamic_ = false;
   std::vector<LoadSegment> loads_;
   std::vector<std::byte> build_id_;
+  std::optional<uint64_t> build_id_note_vaddr_;  // its note's header, from a PT_NOTE of the file
   std::string soname_;
   std::vector<std::string> needed_;
   // One symbol-table entry as the file stores it (Elf64_Sym's layout, checked

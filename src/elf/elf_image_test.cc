@@ -557,6 +557,36 @@ TEST(ElfMemory, LoadedFixtureMatchesDlsym) {
   }
 }
 
+// build_id_mapped_at: one read of the Build ID note where the file has it,
+// at a given bias. True for the image loaded there; false at another bias,
+// for another file's image there, for a file without a Build ID, and for a
+// bias where nothing is readable.
+TEST(ElfMemory, BuildIdMappedAtNamesTheImageAtThatBias) {
+  DlHandle gnu(REMORA_ELF_FIXTURE_GNU), sysv(REMORA_ELF_FIXTURE_SYSV), both(REMORA_ELF_FIXTURE_BOTH);
+  ASSERT_TRUE(gnu.h && sysv.h && both.h) << ::dlerror();
+  const Loaded g = loaded_info(gnu.h, "remora_fixture_add"), s = loaded_info(sysv.h, "remora_fixture_add");
+  const Loaded b = loaded_info(both.h, "remora_fixture_add");
+  auto gnu_file = load_path(REMORA_ELF_FIXTURE_GNU), sysv_file = load_path(REMORA_ELF_FIXTURE_SYSV);
+  auto both_file = load_path(REMORA_ELF_FIXTURE_BOTH);
+  ASSERT_TRUE(gnu_file && sysv_file && both_file);
+  ASSERT_NE(gnu_file->build_id(), sysv_file->build_id());
+  int reads = 0;
+  const ReadFn self = self_reader();
+  const ReadFn counted = [&](uint64_t addr, std::span<std::byte> out) {
+    ++reads;
+    return self(addr, out);
+  };
+  EXPECT_TRUE(gnu_file->build_id_mapped_at(g.bias, counted));
+  EXPECT_EQ(reads, 1);
+  EXPECT_TRUE(sysv_file->build_id_mapped_at(s.bias, counted));
+  EXPECT_FALSE(gnu_file->build_id_mapped_at(s.bias, counted));  // another file's image there
+  EXPECT_FALSE(sysv_file->build_id_mapped_at(g.bias, counted));
+  EXPECT_FALSE(gnu_file->build_id_mapped_at(g.bias + 4096, counted));
+  EXPECT_FALSE(gnu_file->build_id_mapped_at(0x1000, counted));  // nothing readable there
+  ASSERT_TRUE(both_file->build_id().empty());
+  EXPECT_FALSE(both_file->build_id_mapped_at(b.bias, counted));  // no Build ID: unknown
+}
+
 TEST(ElfMemory, VersionedFixtureMatchesDlsym) {
   DlHandle lib(REMORA_ELF_FIXTURE_VERSIONED);
   ASSERT_NE(lib.h, nullptr) << ::dlerror();
