@@ -195,23 +195,24 @@ Result<UniqueFd> open_read(const std::string& path, int extra_flags = 0) {
 }
 
 // Appends the whole content of a /proc file to `out`. st_size is 0 for them,
-// so read in chunks until read() returns 0.
+// so read in chunks until read() returns 0. Each chunk lands on the stack
+// first: growing `out` by a whole chunk before each read would zero 16 KiB
+// twice for every small file (status, auxv, a single-page maps).
 template <typename Buf>
 Result<void> read_all(const std::string& path, Buf& out) {
   UniqueFd fd = REMORA_TRY(open_read(path));
   constexpr size_t kChunk = 16384;  // seq_file hands out at most about a page per read anyway
+  alignas(16) char chunk[kChunk];
   for (;;) {
-    size_t old = out.size();
-    out.resize(old + kChunk);
-    ssize_t n = ::read(fd.get(), out.data() + old, kChunk);
+    ssize_t n = ::read(fd.get(), chunk, kChunk);
     if (n < 0) {
-      int err = errno;
-      out.resize(old);
-      if (err == EINTR) continue;
-      return file_error("read", path, err);
+      if (errno == EINTR) continue;
+      return file_error("read", path, errno);
     }
-    out.resize(old + static_cast<size_t>(n));
     if (n == 0) return ok();
+    const size_t old = out.size();
+    out.resize(old + static_cast<size_t>(n));
+    std::memcpy(out.data() + old, chunk, static_cast<size_t>(n));
   }
 }
 
