@@ -459,9 +459,12 @@ def build_initramfs(path, builddir, manifest, init, busybox, deadline, compress)
 # --- the guest ----------------------------------------------------------------
 
 
+# No network device: the guest needs none, and the virt machine's default
+# virtio NIC wants its option ROM (efi-virtio.rom, Debian's ipxe-qemu), a
+# package qemu-system-arm only recommends.
 def qemu_command(kernel, initrd):
     return [QEMU, "-M", "virt", "-cpu", "max,pauth-impdef=on,sve=on,sme=on", "-smp", "2", "-m", "1024",
-            "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", initrd,
+            "-nographic", "-no-reboot", "-nic", "none", "-kernel", kernel, "-initrd", initrd,
             "-append", "console=ttyAMA0 panic=-1 quiet loglevel=3 rdinit=/init"]
 
 
