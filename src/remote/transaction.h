@@ -111,10 +111,10 @@ class Transaction {
   int marker_ = 0;
   uint64_t marker_bit_ = 0;
   uint64_t cookie_ = 0;
-  uint64_t result_slot_ = 0;  // where the marked stub writes result and cookie
-  bool busy_marked_ = false;  // our scratch's header says this call is in flight
-  bool setup_call_ = false;   // the call in flight is a new scratch's setup routine
-  bool next_call_ = false;    // ... which goes on to the prepared call (prepare_next)
+  uint64_t result_slot_ = 0;            // where the marked stub writes result and cookie
+  bool busy_marked_ = false;            // our scratch's header says this call is in flight
+  bool setup_call_ = false;             // the call in flight is a new scratch's setup routine
+  bool next_call_ = false;              // ... which goes on to the prepared call (prepare_next)
   std::optional<Error> prepare_error_;  // the prepare that failed: the setup ran alone
   arch::host::FramePlan frame_;
 };
