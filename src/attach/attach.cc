@@ -423,6 +423,22 @@ Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
   return info;
 }
 
+// The words an attach or a detach checks before its calls: the block's head (magic
+// through lease_expired), the first byte of the tool list (empty: no tools
+// yet) and `unloading`; the rest stays zero. Two small reads instead of the
+// whole block's 10 KiB, three pages of an agent just loaded that the reads
+// through /proc/PID/mem would fault in.
+Result<remora_agent_info> read_info_head(remote::Target& t, uint64_t addr) {
+  remora_agent_info info{};
+  auto bytes = std::as_writable_bytes(std::span(&info, 1));
+  REMORA_TRY(t.read(RemoteAddr(addr), bytes.first(offsetof(remora_agent_info, tools) + 1)));
+  if (info.magic == REMORA_AGENT_MAGIC && (info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0)
+    REMORA_TRY(t.read(RemoteAddr(addr + offsetof(remora_agent_info, unloading)),
+                      bytes.subspan(offsetof(remora_agent_info, unloading), sizeof info.unloading)));
+  listener_as_we_name_it(t.pid(), &info, t.in_nested_pid_ns());
+  return info;
+}
+
 // True when the process is in a job-control stop (every thread 'T' and not
 // because a tracer holds it).
 bool process_is_stopped(pid_t pid) {
@@ -1252,11 +1268,11 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
 }
 
 // Waits until the agent's listener thread, started by its constructor, is
-// there; returns the agent's info block.
+// there; returns the head of the agent's info block (read_info_head).
 Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
                                             pid_t known_listener, const Deadline& deadline) {
   for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
-    auto info = REMORA_TRY(read_info(t, info_at));
+    auto info = REMORA_TRY(read_info_head(t, info_at));
     if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
       // Stopped process: the listener has not run yet to publish its tid.
       // Publish it for it, so that later sessions find it too.
@@ -1590,7 +1606,9 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
                  "no Remora agent in process " + std::to_string(pid) + ": nothing is attached")
         .with_context(ctx);
   }
-  auto info = REMORA_TRY_CTX(read_info(t, s->agent.info), ctx);
+  // A detach needs the head alone; an unload may finish an earlier one from
+  // the block's tail (`kept`, the agent's handle).
+  auto info = REMORA_TRY_CTX(opts.unload ? read_info(t, s->agent.info) : read_info_head(t, s->agent.info), ctx);
   if (opts.unload) {
     auto r = unload_agent(t, pid, s->agent, info, opts.timeout);
     finish();

@@ -1051,6 +1051,14 @@ Result<std::shared_ptr<const ElfImage>> ImageCache::get_or_load(
   return map_.try_emplace(key, std::move(loaded).value()).first->second;
 }
 
+std::vector<std::shared_ptr<const ElfImage>> ImageCache::with_build_id(uint64_t dev, uint64_t inode) const {
+  std::vector<std::shared_ptr<const ElfImage>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, image] : map_)
+    if (key.dev == dev && key.inode == inode && !image->build_id().empty()) out.push_back(image);
+  return out;
+}
+
 size_t ImageCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return map_.size();

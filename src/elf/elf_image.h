@@ -228,6 +228,11 @@ class ImageCache {
   Result<std::shared_ptr<const ElfImage>> get_or_load(
       const Key& key, const std::function<Result<std::shared_ptr<const ElfImage>>()>& load);
 
+  // The cached images of the file (dev, inode) that have a Build ID, for
+  // a caller that proves which one a process mapped by that ID alone
+  // (ElfImage::build_id_mapped_at) before it reads any headers.
+  std::vector<std::shared_ptr<const ElfImage>> with_build_id(uint64_t dev, uint64_t inode) const;
+
   size_t size() const;
   uint64_t loads() const;  // how many times `load` ran (for tests)
   void clear();

@@ -808,6 +808,30 @@ TEST(ImageCacheTest, SameKeyLoadsOnce) {
   EXPECT_EQ(calls, 3);
 }
 
+TEST(ImageCacheTest, WithBuildIdNamesTheFilesImagesThatHaveOne) {
+  ImageCache cache;
+  auto gnu = load_path(REMORA_ELF_FIXTURE_GNU);
+  auto sysv = load_path(REMORA_ELF_FIXTURE_SYSV);
+  auto none = load_path(REMORA_ELF_FIXTURE_BOTH);  // linked without a Build ID
+  ASSERT_TRUE(gnu && sysv && none);
+  ASSERT_FALSE(gnu->build_id().empty());
+  ASSERT_TRUE(none->build_id().empty());
+  auto put = [&](ImageCache::Key key, std::shared_ptr<const ElfImage> image) {
+    ASSERT_TRUE(cache.get_or_load(key, [&]() -> Result<std::shared_ptr<const ElfImage>> { return image; }));
+  };
+  put({1, 2, gnu->build_id_hex()}, gnu);
+  put({1, 2, sysv->build_id_hex()}, sysv);  // the same file rewritten: two builds of it
+  put({1, 2, ""}, none);                     // no Build ID to prove it by
+  put({1, 3, gnu->build_id_hex()}, gnu);     // another file
+  put({0, 0, "memfd:" + gnu->build_id_hex()}, gnu);
+  auto got = cache.with_build_id(1, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(std::find(got.begin(), got.end(), gnu) != got.end());
+  EXPECT_TRUE(std::find(got.begin(), got.end(), sysv) != got.end());
+  EXPECT_EQ(cache.with_build_id(1, 3).size(), 1u);
+  EXPECT_TRUE(cache.with_build_id(2, 2).empty());
+}
+
 TEST(ImageCacheTest, ErrorsAreNotCached) {
   ImageCache cache;
   ImageCache::Key key{7, 8, ""};

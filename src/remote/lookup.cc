@@ -168,6 +168,15 @@ Result<LoadedImage> load_image(pid_t pid, const MappedLibrary& lib, const Memory
     return Error(Errc::kParse, lib.path + " has no mapping at file offset 0 in process " +
                                    std::to_string(pid) + ": not a loaded ELF image");
   auto read = [&mem](uint64_t addr, std::span<std::byte> out) { return mem.read(addr, out); };
+  // A file this controller has parsed before (every process of a tree maps
+  // the same libc): one read of its Build ID note, where this mapping puts
+  // it, proves the image is that build, as the headers' own note would.
+  // (A memfd is new in every process: its images are cached by Build ID.)
+  if (!is_memfd(lib.path))
+    for (auto& cached : elf::ImageCache::global().with_build_id(lib.dev, lib.inode))
+      if (auto bias = cached->bias_for_mapping(hdr->start, hdr->offset);
+          bias && cached->build_id_mapped_at(*bias, read))
+        return LoadedImage{std::move(cached), *bias, OpenRoute::kCache};
   auto in_memory = REMORA_TRY_CTX(elf::ElfImage::headers_from_memory(hdr->start, read),
                                   "read the image of " + lib.path + " from process " + std::to_string(pid));
   const std::string mem_build_id = in_memory->build_id_hex();

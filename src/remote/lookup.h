@@ -5,7 +5,11 @@
 //     the best level is an ambiguity, refused with the candidates listed.
 //  2. Read the image's GNU Build ID from the target's memory (the PT_NOTE
 //     inside its first PT_LOAD), which keys the process-wide ImageCache
-//     together with the mapping's device and inode.
+//     together with the mapping's device and inode. A file cached already
+//     (every process of a tree maps the same libc) needs one read: its
+//     image is taken when its own Build ID note is where this mapping puts
+//     it (ElfImage::build_id_mapped_at); any other build of the file, the
+//     headers are read as for a first lookup.
 //  3. On a cache miss, open the exact mapped file: /proc/PID/map_files/<range>
 //     with a strict device/inode check; when that is not allowed, the mapped
 //     path resolved *inside* the target's root (/proc/PID/root, openat2 with

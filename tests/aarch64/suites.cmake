@@ -24,6 +24,7 @@ set(REMORA_GUEST_SUITES
   seccomp_test
   remote_hostile_test
   remote_errors_test
+  remote_lookup_test
   remote_controller_death_test
   remote_scratch_reclaim_test
   remote_musl_refusal_test
