@@ -423,11 +423,11 @@ Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr) {
   return info;
 }
 
-// The words an attach or a detach checks before its calls: the block's head (magic
-// through lease_expired), the first byte of the tool list (empty: no tools
-// yet) and `unloading`; the rest stays zero. Two small reads instead of the
-// whole block's 10 KiB, three pages of an agent just loaded that the reads
-// through /proc/PID/mem would fault in.
+// The words an attach or a detach checks before its calls: the block's
+// head (magic through lease_expired), the first byte of the tool list
+// (empty: no tools yet) and `unloading`; the rest stays zero. Two small
+// reads instead of the whole block's 10 KiB, three pages of an agent just
+// loaded that a read through /proc/PID/mem would fault in.
 Result<remora_agent_info> read_info_head(remote::Target& t, uint64_t addr) {
   remora_agent_info info{};
   auto bytes = std::as_writable_bytes(std::span(&info, 1));
@@ -1608,7 +1608,8 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
   }
   // A detach needs the head alone; an unload may finish an earlier one from
   // the block's tail (`kept`, the agent's handle).
-  auto info = REMORA_TRY_CTX(opts.unload ? read_info(t, s->agent.info) : read_info_head(t, s->agent.info), ctx);
+  auto info =
+      REMORA_TRY_CTX(opts.unload ? read_info(t, s->agent.info) : read_info_head(t, s->agent.info), ctx);
   if (opts.unload) {
     auto r = unload_agent(t, pid, s->agent, info, opts.timeout);
     finish();

@@ -821,8 +821,8 @@ TEST(ImageCacheTest, WithBuildIdNamesTheFilesImagesThatHaveOne) {
   };
   put({1, 2, gnu->build_id_hex()}, gnu);
   put({1, 2, sysv->build_id_hex()}, sysv);  // the same file rewritten: two builds of it
-  put({1, 2, ""}, none);                     // no Build ID to prove it by
-  put({1, 3, gnu->build_id_hex()}, gnu);     // another file
+  put({1, 2, ""}, none);                    // no Build ID to prove it by
+  put({1, 3, gnu->build_id_hex()}, gnu);    // another file
   put({0, 0, "memfd:" + gnu->build_id_hex()}, gnu);
   auto got = cache.with_build_id(1, 2);
   ASSERT_EQ(got.size(), 2u);

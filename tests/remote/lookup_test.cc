@@ -3,20 +3,20 @@
 // for the mapped one only when its own Build ID note is where the mapping
 // puts it; any other build of the file is refused and the image is
 // identified from the process's memory as on a first lookup.
+#include "remote/lookup.h"
+
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 
 #include "elf/elf_image.h"
 #include "procfs/procfs.h"
-#include "remote/lookup.h"
 
 namespace remora::test {
 namespace {
