@@ -381,9 +381,8 @@ void* hold_pac_keys(void* arg) {
   // A signature's PAC bits may all be zero for one modifier (one in 2^15
   // or so): the instruction is working when any of eight modifiers signs.
   const uint64_t ptr = 0x0000aaaa12345670ull;
-  uint64_t modifier = 0x5eed, signed_once = ptr;
-  for (uint64_t m = 0x5eed; m < 0x5eed + 8 && signed_once == ptr; ++m)
-    signed_once = pac_sign(ptr, modifier = m);
+  uint64_t modifier = 0x5eed, signed_once = pac_sign(ptr, modifier);
+  while (signed_once == ptr && modifier < 0x5eed + 7) signed_once = pac_sign(ptr, ++modifier);
   if (signed_once == ptr)
     anomaly("pac: pacia1716 left the pointer unsigned under eight modifiers although the CPU has PAuth");
   for (;;) {
