@@ -29,6 +29,13 @@
 // copy-on-write memory with the bench.
 // REMORA_BENCH_ROWS=tree takes the two tree rows alone, one sample each per
 // round (for a profiler's run).
+// REMORA_BENCH_PEER=LIBINJECTOR.so (kubo/injector's shared library, built
+// apart: it is no part of Remora) adds the peer's rows to every round, on
+// the same kind of fresh targets: its C API's attach, one dlopen of the
+// same tool on the hijacked thread and detach, for the idle, spinning and
+// 8-thread targets and for the 32 processes of a tree one after another
+// (it has no tree call); REMORA_BENCH_PEER_CLI=INJECTOR adds its command,
+// `injector -p PID TOOL`, fork/exec to exit.
 // The payload is the smallest tool there is (the test hook tool with no log
 // file), so the figures are Remora's own cost.
 #include <dlfcn.h>
@@ -44,6 +51,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -367,7 +375,81 @@ double tree_attach(const AttachOptions& opts, double* cpu) {
   return us;
 }
 
+// kubo/injector, loaded at run time from the library REMORA_BENCH_PEER
+// names (its documented C API, declared here by hand).
+struct Peer {
+  int (*attach)(void**, pid_t) = nullptr;
+  int (*inject)(void*, const char*, void**) = nullptr;
+  int (*detach)(void*) = nullptr;
+  const char* (*error)() = nullptr;
+  std::string cli;  // REMORA_BENCH_PEER_CLI, or empty
+
+  static Peer load(const char* path) {
+    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) die(std::string("REMORA_BENCH_PEER: ") + dlerror());
+    Peer p;
+    p.attach = reinterpret_cast<decltype(p.attach)>(dlsym(h, "injector_attach"));
+    p.inject = reinterpret_cast<decltype(p.inject)>(dlsym(h, "injector_inject"));
+    p.detach = reinterpret_cast<decltype(p.detach)>(dlsym(h, "injector_detach"));
+    p.error = reinterpret_cast<decltype(p.error)>(dlsym(h, "injector_error"));
+    if (!p.attach || !p.inject || !p.detach || !p.error)
+      die(std::string("REMORA_BENCH_PEER: ") + path +
+          " does not export injector_attach/_inject/_detach/_error");
+    return p;
+  }
+  // Attach, one dlopen of `lib`, detach: what its command does.
+  void inject_one(pid_t pid, const std::string& lib) const {
+    void* inj = nullptr;
+    void* handle = nullptr;
+    if (attach(&inj, pid) != 0) die(std::string("peer: injector_attach: ") + error());
+    const int rc = inject(inj, lib.c_str(), &handle);
+    if (rc != 0) die(std::string("peer: injector_inject: ") + error());
+    if (detach(inj) != 0) die(std::string("peer: injector_detach: ") + error());
+  }
+};
+
+// The peer's first attach into a fresh target, as `first_attach`.
+double peer_first_attach(const Peer& p, const std::string& lib, int spinners, int blocked,
+                         double* stall = nullptr) {
+  Tree t;
+  spawn_tree(t, 0, spinners, blocked);
+  if (spinners > 0 && !t.open_window()) die("the target's spinner did not start its window");
+  auto t0 = Clock::now();
+  p.inject_one(t.root, lib);
+  double us = us_since(t0);
+  if (stall) *stall = t.stall_us();
+  return us;
+}
+
+// The peer over a tree of 32 fresh processes, one after another.
+double peer_tree(const Peer& p, const std::string& lib) {
+  Tree t;
+  spawn_tree(t, 31);
+  std::vector<pid_t> pids{t.root};
+  const std::string kids =
+      "/proc/" + std::to_string(t.root) + "/task/" + std::to_string(t.root) + "/children";
+  if (FILE* f = std::fopen(kids.c_str(), "r")) {
+    for (int pid; std::fscanf(f, "%d", &pid) == 1;) pids.push_back(pid);
+    std::fclose(f);
+  }
+  if (pids.size() != 32) die("peer tree: " + std::to_string(pids.size()) + " processes, not 32");
+  auto t0 = Clock::now();
+  for (pid_t pid : pids) p.inject_one(pid, lib);
+  return us_since(t0);
+}
+
+double peer_cli(const Peer& p, const std::string& lib) {
+  Tree t;
+  spawn_tree(t, 0);
+  return cli_run(p.cli, {"-p", std::to_string(t.root), lib});
+}
+
+struct PeerRows {
+  std::vector<double> idle, spin, spin_stall, threads8, threads8_stall, cli, tree;
+};
+
 struct Rows {
+  PeerRows peer;
   std::vector<double> floor, idle, idle_cpu, spin, spin_stall, threads8, threads8_stall, base_stall, cli_d1,
       cli_keep, version, spawn, reattach, detach, tree, tree_floor, tree_cpu, tree_floor_cpu;
 };
@@ -386,6 +468,31 @@ void reattach_cycles(const AttachOptions& opts, int cycles, Rows* rows) {
     if (auto d = c.detach(one.root); !d) die(d.error().to_string());
     rows->detach.push_back(us_since(t0));
   }
+}
+
+// Remora's rows against the peer's, each ratio of medians from this run.
+void print_peer_rows(const Rows& r) {
+  const PeerRows& p = r.peer;
+  if (p.idle.empty()) return;
+  auto row = [](const char* name, const std::vector<double>& ours, const std::vector<double>& theirs) {
+    if (ours.empty() || theirs.empty()) {
+      std::printf("| %s | skipped | | |\n", name);
+      return;
+    }
+    std::printf("| %s | %.0f us | %.0f us | %.2fx |\n", name, median(ours), median(theirs),
+                median(ours) / median(theirs));
+  };
+  std::printf(
+      "\nkubo/injector measured in the same rounds (REMORA_BENCH_PEER; it does less: one dlopen of the "
+      "tool on the hijacked thread, no agent, no listener):\n\n");
+  std::printf("| row | Remora | kubo/injector | Remora / kubo |\n|---|---|---|---|\n");
+  row("first attach, idle target", r.idle, p.idle);
+  row("first attach, one thread spinning", r.spin, p.spin);
+  row("  the spinner's stall", r.spin_stall, p.spin_stall);
+  row("first attach, 8 threads", r.threads8, p.threads8);
+  row("  the other threads' stall", r.threads8_stall, p.threads8_stall);
+  row("the command, idle target (`remora attach --keep`; `injector -p`)", r.cli_keep, p.cli);
+  row("32 fresh processes (attach_tree; the peer one after another)", r.tree, p.tree);
 }
 
 void print_rows(const Rows& r, int rounds) {
@@ -429,6 +536,7 @@ void print_rows(const Rows& r, int rounds) {
         median(r.cli_keep) - median(r.spawn) - median(r.idle));
   std::printf("32 processes / their in-process floor: %.2fx (goal <= 2x)\n",
               median(r.tree) / median(r.tree_floor));
+  print_peer_rows(r);
   std::printf(
       "  CPU per process: the controller's in the tree %.0f us; a floor process's own for its load %.0f us\n",
       median(r.tree_cpu), median(r.tree_floor_cpu));
@@ -441,6 +549,19 @@ void tree_rows(const AttachOptions& opts, Rows* r) {
   r->tree_floor_cpu.push_back(cpu);
   r->tree.push_back(tree_attach(opts, &cpu));
   r->tree_cpu.push_back(cpu);
+}
+
+// One sample of each of the peer's rows (the tree's in every third round,
+// as ours).
+void peer_rows(const Peer& p, const std::string& lib, bool tree, PeerRows* r) {
+  double stall = 0;
+  r->idle.push_back(peer_first_attach(p, lib, 0, 0));
+  r->spin.push_back(peer_first_attach(p, lib, 1, 0, &stall));
+  r->spin_stall.push_back(stall);
+  r->threads8.push_back(peer_first_attach(p, lib, 1, 6, &stall));
+  r->threads8_stall.push_back(stall);
+  if (!p.cli.empty()) r->cli.push_back(peer_cli(p, lib));
+  if (tree) r->tree.push_back(peer_tree(p, lib));
 }
 
 std::string remora_next_to_us() {
@@ -469,6 +590,11 @@ int main(int argc, char** argv) {
   opts.tools = {argv[2]};
 
   const char* rows_env = std::getenv("REMORA_BENCH_ROWS");
+  std::optional<Peer> peer;
+  if (const char* lib = std::getenv("REMORA_BENCH_PEER"); lib && *lib) {
+    peer = Peer::load(lib);
+    if (const char* c = std::getenv("REMORA_BENCH_PEER_CLI"); c && *c) peer->cli = c;
+  }
   const bool tree_only = rows_env && std::strcmp(rows_env, "tree") == 0;
   Rows r;
   for (int i = 0; i < rounds; ++i) {
@@ -492,6 +618,7 @@ int main(int argc, char** argv) {
       r.cli_keep.push_back(cli_attach(remora, opts.tools[0], {"--keep", "--attach-children=false"}));
     }
     reattach_cycles(opts, 10, &r);
+    if (peer) peer_rows(*peer, opts.tools[0], i % 3 == 0, &r.peer);
     if (i % 3 == 0) {  // the tree rows cost 20x a round's others: a third as many samples
       tree_rows(opts, &r);
     }

@@ -21,9 +21,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "attach/attach.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
@@ -53,11 +52,6 @@ struct AttachCommandOptions {
   bool unload = false;  // after the detach, unload the tools and the agent
   long timeout_ms = 10000;
 };
-
-int fail(const Error& e) {
-  print_error(e.to_string());
-  return to_int(exit_code_for(e.code()));
-}
 
 std::string tool_names(const std::vector<std::string>& paths) {
   std::string out;

@@ -7,9 +7,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "cli/call_args.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
@@ -38,11 +37,6 @@ class CallFormatter : public CLI::Formatter {
     return usage + " [LIB:]SYMBOL [ARG...]\n";
   }
 };
-
-int fail(const Error& e) {
-  print_error(e.to_string());
-  return to_int(exit_code_for(e.code()));
-}
 
 int run_call(const CallCommandOptions& o, const std::vector<std::string>& words) {
   if (words.empty()) {

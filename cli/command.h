@@ -13,6 +13,9 @@
 namespace CLI {
 class App;
 }
+namespace remora {
+class Error;
+}
 
 namespace remora::cli {
 
@@ -39,5 +42,7 @@ void add_events_command(CLI::App& root, Dispatch& dispatch);
 void add_report_command(CLI::App& root, Dispatch& dispatch);
 // Prints "remora: error: <message>" to stderr (the one error format of the CLI).
 void print_error(const std::string& message);
+// print_error(e), then the exit code e's code maps to (exit_codes.h).
+int fail(const Error& e);
 
 }  // namespace remora::cli

@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include <CLI/CLI.hpp>
+#include "cli/cli11.h"
 
 namespace remora::cli {
 

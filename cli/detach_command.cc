@@ -7,9 +7,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "attach/attach.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
@@ -25,11 +24,6 @@ struct DetachCommandOptions {
   bool unload = false;
   long timeout_ms = 10000;
 };
-
-int fail(const Error& e) {
-  print_error(e.to_string());
-  return to_int(exit_code_for(e.code()));
-}
 
 // What a process had attached, read before the detach (the agent forgets it).
 std::string tools_of(pid_t pid) {

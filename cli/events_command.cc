@@ -19,9 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "base/strings.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "control/process.h"

@@ -6,8 +6,8 @@
 #include <string>
 #include <string_view>
 
-#include <CLI/CLI.hpp>
-
+#include "base/result.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 
@@ -20,6 +20,11 @@ namespace remora::cli {
 void print_error(const std::string& message) {
   std::fflush(stdout);  // keep stdout and stderr in order when both go to one file
   std::fprintf(stderr, "remora: error: %s\n", message.c_str());
+}
+
+int fail(const Error& e) {
+  print_error(e.to_string());
+  return to_int(exit_code_for(e.code()));
 }
 
 }  // namespace remora::cli

@@ -7,8 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"

@@ -19,9 +19,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "attach/attach.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
@@ -56,11 +55,6 @@ class RunFormatter : public CLI::Formatter {
     return usage + " [--] CMD [ARG...]\n";
   }
 };
-
-int fail(const Error& e) {
-  print_error(e.to_string());
-  return to_int(exit_code_for(e.code()));
-}
 
 void note(const std::string& text) {
   std::fprintf(stderr, "remora: %s\n", text.c_str());

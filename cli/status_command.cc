@@ -7,9 +7,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "attach/attach.h"
+#include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "cli/exit_codes.h"
@@ -24,11 +23,6 @@ struct StatusCommandOptions {
   pid_t pid = 0;
   bool tree = false;
 };
-
-int fail(const Error& e) {
-  print_error(e.to_string());
-  return to_int(exit_code_for(e.code()));
-}
 
 // "4242 (remora)" while the holder lives; "expired" once it died and the
 // agent detached the tools.
