@@ -536,10 +536,10 @@ void print_rows(const Rows& r, int rounds) {
         median(r.cli_keep) - median(r.spawn) - median(r.idle));
   std::printf("32 processes / their in-process floor: %.2fx (goal <= 2x)\n",
               median(r.tree) / median(r.tree_floor));
-  print_peer_rows(r);
   std::printf(
       "  CPU per process: the controller's in the tree %.0f us; a floor process's own for its load %.0f us\n",
       median(r.tree_cpu), median(r.tree_floor_cpu));
+  print_peer_rows(r);
 }
 
 // One sample of each tree row: the floor, then the tree.
