@@ -248,7 +248,9 @@ class ElfParser {
   static Result<void> load_dynamic_symbols(const Reader& vread, const DynInfo& info, ElfImage& img);
   static Result<uint64_t> load_gnu_hash(const Reader& read, uint64_t addr, std::optional<uint64_t> nsyms,
                                         ElfImage& img);
-  static Result<uint64_t> load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img);
+  // The table's symbol count (nchain); its buckets and chain too when
+  // `tables` (find_symbol reads them only when there is no GNU table).
+  static Result<uint64_t> load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img, bool tables);
   static Result<void> load_versym(const Reader& read, uint64_t addr, ElfImage& img);
   static Result<void> load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh,
                                     bool need_build_id, ElfImage& img, bool& have_dynsym);
@@ -374,7 +376,7 @@ Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std
   return *nsyms;
 }
 
-Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img) {
+Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img, bool tables) {
   // Layout: nbucket, nchain (u32); buckets[nbucket]; chain[nchain]. nchain
   // equals the number of dynsym entries.
   auto hdr = REMORA_TRY(read_array<uint32_t>(read, addr, 2, 2, "SysV hash header"));
@@ -382,6 +384,7 @@ Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, El
   if (nbucket == 0 || nbucket > kMaxHashWords) {
     return parse_error("SysV hash table has " + std::to_string(nbucket) + " buckets");
   }
+  if (!tables) return nchain;
   auto buckets =
       REMORA_TRY(read_array<uint32_t>(read, addr + 8, nbucket, kMaxHashWords, "SysV hash buckets"));
   auto chain = REMORA_TRY(
@@ -419,7 +422,7 @@ Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo&
     nsyms = REMORA_TRY_CTX(load_gnu_hash(vread, *info.gnu_hash, std::nullopt, img), "DT_GNU_HASH");
   if (info.hash) {
     // nchain is exact; prefer it over the count walked out of the GNU table.
-    nsyms = REMORA_TRY_CTX(load_sysv_hash(vread, *info.hash, img), "DT_HASH");
+    nsyms = REMORA_TRY_CTX(load_sysv_hash(vread, *info.hash, img, !info.gnu_hash), "DT_HASH");
   }
   if (!nsyms) {
     // No hash table at all (rare; lld/ld always emit one): .dynstr follows
@@ -507,7 +510,10 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
       REMORA_TRY_CTX(load_gnu_hash(fread, shdrs[*gnu_hash].sh_offset, img.dynsym_.entries.size(), img),
                      ".gnu.hash");
     }
-    if (sysv_hash) REMORA_TRY_CTX(load_sysv_hash(fread, shdrs[*sysv_hash].sh_offset, img), ".hash");
+    // Lookups take the GNU table when there is one: the SysV one (16 KB in
+    // libc, copied into fresh pages) only serves a file without it.
+    if (sysv_hash && !gnu_hash)
+      REMORA_TRY_CTX(load_sysv_hash(fread, shdrs[*sysv_hash].sh_offset, img, true), ".hash");
     if (versym) REMORA_TRY_CTX(load_versym(fread, shdrs[*versym].sh_offset, img), ".gnu.version");
   }
   if (symtab) img.symtab_ = REMORA_TRY_CTX(load_table(*symtab, ".symtab"), ".symtab");

@@ -157,7 +157,8 @@ class ElfImage {
   // "name@VER"); dlsym() prefers the default version, and so do we.
   std::vector<bool> dynsym_hidden_;
   SymbolTable symtab_;  // .symtab, when present
-  // Hash tables over dynsym_ (either may be empty).
+  // Hash tables over dynsym_ (either may be empty; the SysV one is kept
+  // only when there is no GNU one, the one find_symbol prefers).
   struct GnuHash {
     uint32_t symoffset = 0, bloom_shift = 0;
     std::vector<uint64_t> bloom;
