@@ -4,6 +4,11 @@
 #include "elf/elf_image.h"
 
 #include <elf.h>
+#ifdef __GLIBC__
+#include <gnu/libc-version.h>
+#endif
+#include <link.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -228,6 +233,95 @@ long host_page_size() {
   return p > 0 ? p : 4096;
 }
 
+// Resident tables. The libraries this process loaded at start and can never
+// unload, libc and the dynamic loader, keep their read-only segments mapped
+// for as long as we live. When a file being parsed is the same build (GNU
+// Build ID), a table whose bytes there equal the file's (compared, not
+// assumed from the ID) is viewed in place instead of copied. For libc that
+// is 120 KB of .dynsym, .dynstr and .gnu.hash, some 35 fresh pages that a
+// short-lived controller (`remora attach`) would otherwise fault in, zero and
+// copy on every run, to look up a dozen names. Viewing them adds no risk of
+// a fault: a truncated libc would take this process down through its own
+// calls into it anyway.
+struct ResidentObject {
+  std::vector<std::byte> build_id;
+  struct Segment {
+    uint64_t offset = 0, filesz = 0;  // the file part of one read-only PT_LOAD
+    const std::byte* mem = nullptr;   // where it lies here
+  };
+  std::vector<Segment> segments;
+
+  // The bytes at file offset [off, off + len) as mapped here, or null when
+  // no read-only segment holds all of them.
+  const std::byte* at(uint64_t off, uint64_t len) const {
+    for (const Segment& seg : segments)
+      if (off >= seg.offset && fits(off - seg.offset, len, seg.filesz)) return seg.mem + (off - seg.offset);
+    return nullptr;
+  }
+};
+
+// An address in libc's own code. Not dl_iterate_phdr's: sanitizers
+// intercept that one, and their copy lies in their runtime, not in libc.
+uintptr_t libc_code_address() {
+#ifdef __GLIBC__
+  return reinterpret_cast<uintptr_t>(&::gnu_get_libc_version);
+#else
+  return reinterpret_cast<uintptr_t>(&::dl_iterate_phdr);
+#endif
+}
+
+int add_if_resident(dl_phdr_info* info, size_t, void* data) {
+  auto* out = static_cast<std::vector<ResidentObject>*>(data);
+  const uintptr_t libc_code = libc_code_address();
+  const unsigned long loader_base = ::getauxval(AT_BASE);
+  bool resident = loader_base != 0 && info->dlpi_addr == loader_base;
+  ResidentObject obj;
+  std::vector<const ElfW(Phdr)*> notes;
+  for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type == PT_NOTE) notes.push_back(&ph);
+    if (ph.p_type != PT_LOAD) continue;
+    const uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+    if (libc_code >= start && libc_code - start < ph.p_memsz) resident = true;  // the object holding libc
+    if ((ph.p_flags & PF_R) && !(ph.p_flags & PF_W))
+      obj.segments.push_back({ph.p_offset, ph.p_filesz, reinterpret_cast<const std::byte*>(start)});
+  }
+  if (!resident) return 0;
+  for (const ElfW(Phdr) * ph : notes) {
+    auto* note = reinterpret_cast<const std::byte*>(info->dlpi_addr + ph->p_vaddr);
+    const bool mapped = std::any_of(obj.segments.begin(), obj.segments.end(), [&](const auto& seg) {
+      return note >= seg.mem && fits(static_cast<uint64_t>(note - seg.mem), ph->p_filesz, seg.filesz);
+    });
+    if (!mapped) continue;
+    auto id = walk_notes(std::span(note, ph->p_filesz), ph->p_align == 8 ? 8 : 4, nullptr);
+    if (id.ok() && *id) {
+      obj.build_id = std::move(**id);
+      out->push_back(std::move(obj));
+      break;
+    }
+  }
+  return 0;
+}
+
+const ResidentObject* resident_object(std::span<const std::byte> build_id) {
+  static const std::vector<ResidentObject> objects = [] {
+    std::vector<ResidentObject> found;
+    ::dl_iterate_phdr(add_if_resident, &found);
+    return found;
+  }();
+  if (build_id.empty()) return nullptr;
+  for (const ResidentObject& obj : objects)
+    if (std::equal(obj.build_id.begin(), obj.build_id.end(), build_id.begin(), build_id.end())) return &obj;
+  return nullptr;
+}
+
+// A file's bytes and, when this process has the same build loaded for good,
+// that build's read-only segments: where a table may be borrowed from.
+struct Mirror {
+  std::span<const std::byte> file;
+  const ResidentObject* resident = nullptr;
+};
+
 }  // namespace
 
 class ElfParser {
@@ -246,24 +340,48 @@ class ElfParser {
 
   static Result<Phdrs> take_phdrs(std::span<const Elf64_Phdr> phdrs, ElfImage& img);
   static Result<void> load_dynamic_symbols(const Reader& vread, const DynInfo& info, ElfImage& img);
+  // The tables of the hashes, the symbols and their names come from a
+  // `mirror` when given (the section route of a file; "Resident tables").
   static Result<uint64_t> load_gnu_hash(const Reader& read, uint64_t addr, std::optional<uint64_t> nsyms,
-                                        ElfImage& img);
+                                        ElfImage& img, const Mirror* mirror = nullptr);
   // The table's symbol count (nchain); its buckets and chain too when
   // `tables` (find_symbol reads them only when there is no GNU table).
   static Result<uint64_t> load_sysv_hash(const Reader& read, uint64_t addr, ElfImage& img, bool tables);
-  static Result<void> load_versym(const Reader& read, uint64_t addr, ElfImage& img);
+  static Result<void> load_versym(const Reader& read, uint64_t addr, ElfImage& img,
+                                  const Mirror* mirror = nullptr);
   static Result<void> load_sections(std::span<const std::byte> bytes, const Elf64_Ehdr& eh,
                                     bool need_build_id, ElfImage& img, bool& have_dynsym);
   static Result<ElfImage::SymbolTable> read_symbol_table(const Reader& read, uint64_t addr, uint64_t count,
-                                                         std::vector<std::byte> strtab,
-                                                         std::string_view what);
+                                                         ElfImage::Table<std::byte> strtab,
+                                                         std::string_view what,
+                                                         const Mirror* mirror = nullptr);
+  template <typename T>
+  static Result<ElfImage::Table<T>> take_array(const Reader& read, uint64_t off, uint64_t count,
+                                               uint64_t max_count, std::string_view what,
+                                               const Mirror* mirror);
 };
+
+// `count` entries of T at file offset `off`: viewed in the resident copy when
+// it holds the same bytes, copied through `read` otherwise.
+template <typename T>
+Result<ElfImage::Table<T>> ElfParser::take_array(const Reader& read, uint64_t off, uint64_t count,
+                                                 uint64_t max_count, std::string_view what,
+                                                 const Mirror* mirror) {
+  if (mirror != nullptr && mirror->resident != nullptr && count != 0 && count <= max_count) {
+    const uint64_t len = count * sizeof(T);  // count <= 2^28: no overflow
+    const std::byte* mem = fits(off, len, mirror->file.size()) ? mirror->resident->at(off, len) : nullptr;
+    if (mem != nullptr && reinterpret_cast<uintptr_t>(mem) % alignof(T) == 0 &&
+        std::memcmp(mem, mirror->file.data() + off, len) == 0)
+      return ElfImage::Table<T>::borrowed(std::span(reinterpret_cast<const T*>(mem), count));
+  }
+  return ElfImage::Table<T>(REMORA_TRY(read_array<T>(read, off, count, max_count, what)));
+}
 
 // Every name offset is checked here, once, so that lookups and listings
 // never meet a bad one; the error (and its context) is string_at's.
 Result<ElfImage::SymbolTable> ElfParser::read_symbol_table(const Reader& read, uint64_t addr, uint64_t count,
-                                                           std::vector<std::byte> strtab,
-                                                           std::string_view what) {
+                                                           ElfImage::Table<std::byte> strtab,
+                                                           std::string_view what, const Mirror* mirror) {
   // The entries are copied straight into RawSymbol, so it must be Elf64_Sym.
   static_assert(sizeof(ElfImage::RawSymbol) == sizeof(Elf64_Sym));
   static_assert(offsetof(ElfImage::RawSymbol, name) == offsetof(Elf64_Sym, st_name));
@@ -273,11 +391,11 @@ Result<ElfImage::SymbolTable> ElfParser::read_symbol_table(const Reader& read, u
   static_assert(offsetof(ElfImage::RawSymbol, value) == offsetof(Elf64_Sym, st_value));
   static_assert(offsetof(ElfImage::RawSymbol, size) == offsetof(Elf64_Sym, st_size));
   ElfImage::SymbolTable table;
-  table.entries = REMORA_TRY(read_array<ElfImage::RawSymbol>(read, addr, count, kMaxSymbols, what));
-  const uint64_t terminated = terminated_prefix(strtab);
+  table.entries = REMORA_TRY(take_array<ElfImage::RawSymbol>(read, addr, count, kMaxSymbols, what, mirror));
+  const uint64_t terminated = terminated_prefix(strtab.span());
   for (size_t i = 0; i < table.entries.size(); ++i) {
     if (table.entries[i].name < terminated) continue;
-    auto name = string_at(strtab, table.entries[i].name);
+    auto name = string_at(strtab.span(), table.entries[i].name);
     if (!name.ok())
       return std::move(name.error()).with_context(std::string(what) + " entry " + std::to_string(i));
   }
@@ -321,7 +439,7 @@ Result<ElfParser::Phdrs> ElfParser::take_phdrs(std::span<const Elf64_Phdr> phdrs
 }
 
 Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std::optional<uint64_t> nsyms,
-                                          ElfImage& img) {
+                                          ElfImage& img, const Mirror* mirror) {
   // Layout (ELF64): nbuckets, symoffset, bloom_size, bloom_shift (u32 each);
   // bloom[bloom_size] (u64); buckets[nbuckets] (u32); chain[] (u32), one per
   // dynsym index >= symoffset, the low bit marking the end of a chain.
@@ -338,10 +456,10 @@ Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std
     return parse_error("GNU hash symoffset " + std::to_string(symoffset) + " too large");
   const uint64_t bloom_addr = addr + 16;  // read_array checked addr+16 does not wrap
   auto bloom =
-      REMORA_TRY(read_array<uint64_t>(read, bloom_addr, bloom_size, kMaxHashWords, "GNU hash bloom"));
+      REMORA_TRY(take_array<uint64_t>(read, bloom_addr, bloom_size, kMaxHashWords, "GNU hash bloom", mirror));
   const uint64_t buckets_addr = bloom_addr + uint64_t{bloom_size} * 8;  // checked by read_array
-  auto buckets =
-      REMORA_TRY(read_array<uint32_t>(read, buckets_addr, nbuckets, kMaxHashWords, "GNU hash buckets"));
+  auto buckets = REMORA_TRY(
+      take_array<uint32_t>(read, buckets_addr, nbuckets, kMaxHashWords, "GNU hash buckets", mirror));
   const uint64_t chain_addr = buckets_addr + uint64_t{nbuckets} * 4;
 
   if (!nsyms) {
@@ -367,7 +485,8 @@ Result<uint64_t> ElfParser::load_gnu_hash(const Reader& read, uint64_t addr, std
     }
   }
   const uint64_t chain_len = *nsyms > symoffset ? *nsyms - symoffset : 0;
-  auto chain = REMORA_TRY(read_array<uint32_t>(read, chain_addr, chain_len, kMaxSymbols, "GNU hash chain"));
+  auto chain =
+      REMORA_TRY(take_array<uint32_t>(read, chain_addr, chain_len, kMaxSymbols, "GNU hash chain", mirror));
   img.gnu_.symoffset = symoffset;
   img.gnu_.bloom_shift = shift;
   img.gnu_.bloom = std::move(bloom);
@@ -394,9 +513,9 @@ Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, El
   return nchain;
 }
 
-Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage& img) {
-  auto versym =
-      REMORA_TRY(read_array<uint16_t>(read, addr, img.dynsym_.entries.size(), kMaxSymbols, "version table"));
+Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage& img, const Mirror* mirror) {
+  auto versym = REMORA_TRY(
+      take_array<uint16_t>(read, addr, img.dynsym_.entries.size(), kMaxSymbols, "version table", mirror));
   img.dynsym_hidden_.assign(versym.size(), false);
   for (size_t i = 0; i < versym.size(); ++i) img.dynsym_hidden_[i] = (versym[i] & 0x8000) != 0;
   return ok();
@@ -407,11 +526,12 @@ Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage&
 Result<void> ElfParser::load_dynamic_symbols(const Reader& vread, const DynInfo& info, ElfImage& img) {
   if (!info.strtab) return ok();  // nothing to name symbols with
   if (!info.strsz) return parse_error("dynamic section has DT_STRTAB but no DT_STRSZ");
-  auto strtab =
-      REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table"));
-  if (info.soname) img.soname_ = std::string(REMORA_TRY_CTX(string_at(strtab, *info.soname), "DT_SONAME"));
+  ElfImage::Table<std::byte> strtab(
+      REMORA_TRY(read_bytes(vread, *info.strtab, *info.strsz, kMaxStringTable, "dynamic string table")));
+  if (info.soname)
+    img.soname_ = std::string(REMORA_TRY_CTX(string_at(strtab.span(), *info.soname), "DT_SONAME"));
   for (uint64_t off : info.needed)
-    img.needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab, off), "DT_NEEDED"));
+    img.needed_.emplace_back(REMORA_TRY_CTX(string_at(strtab.span(), off), "DT_NEEDED"));
   if (!info.symtab) return ok();
   if (info.syment && *info.syment != sizeof(Elf64_Sym)) {
     return parse_error("DT_SYMENT is " + std::to_string(*info.syment) + ", expected " +
@@ -456,6 +576,7 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
     if (shnum == 0) return ok();
   }
   auto shdrs = REMORA_TRY(read_array<Elf64_Shdr>(fread, eh.e_shoff, shnum, kMaxSections, "section headers"));
+  const Mirror mirror{bytes, resident_object(img.build_id_)};
 
   auto section_bytes = [&](size_t idx, uint64_t max,
                            std::string_view what) -> Result<std::vector<std::byte>> {
@@ -474,8 +595,12 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
       return parse_error(std::string(what) + " links to section " + std::to_string(sh.sh_link) +
                          ", which is not a string table");
     }
-    auto strtab = REMORA_TRY(section_bytes(sh.sh_link, kMaxStringTable, "string table"));
-    return read_symbol_table(fread, sh.sh_offset, sh.sh_size / sizeof(Elf64_Sym), std::move(strtab), what);
+    const Elf64_Shdr& str = shdrs[sh.sh_link];
+    if (str.sh_type == SHT_NOBITS) return parse_error("string table has no file contents (SHT_NOBITS)");
+    auto strtab = REMORA_TRY(
+        take_array<std::byte>(fread, str.sh_offset, str.sh_size, kMaxStringTable, "string table", &mirror));
+    return read_symbol_table(fread, sh.sh_offset, sh.sh_size / sizeof(Elf64_Sym), std::move(strtab), what,
+                             &mirror);
   };
 
   std::optional<size_t> dynsym, symtab, gnu_hash, sysv_hash, versym;
@@ -507,14 +632,15 @@ Result<void> ElfParser::load_sections(std::span<const std::byte> bytes, const El
     img.dynsym_ = REMORA_TRY_CTX(load_table(*dynsym, ".dynsym"), ".dynsym");
     have_dynsym = true;
     if (gnu_hash) {
-      REMORA_TRY_CTX(load_gnu_hash(fread, shdrs[*gnu_hash].sh_offset, img.dynsym_.entries.size(), img),
-                     ".gnu.hash");
+      REMORA_TRY_CTX(
+          load_gnu_hash(fread, shdrs[*gnu_hash].sh_offset, img.dynsym_.entries.size(), img, &mirror),
+          ".gnu.hash");
     }
     // Lookups take the GNU table when there is one: the SysV one (16 KB in
     // libc, copied into fresh pages) only serves a file without it.
     if (sysv_hash && !gnu_hash)
       REMORA_TRY_CTX(load_sysv_hash(fread, shdrs[*sysv_hash].sh_offset, img, true), ".hash");
-    if (versym) REMORA_TRY_CTX(load_versym(fread, shdrs[*versym].sh_offset, img), ".gnu.version");
+    if (versym) REMORA_TRY_CTX(load_versym(fread, shdrs[*versym].sh_offset, img, &mirror), ".gnu.version");
   }
   if (symtab) img.symtab_ = REMORA_TRY_CTX(load_table(*symtab, ".symtab"), ".symtab");
   if (need_build_id) {
@@ -741,6 +867,19 @@ Result<std::shared_ptr<const ElfImage>> ElfImage::from_memory(uint64_t base, con
 
 Result<std::shared_ptr<const ElfImage>> ElfImage::headers_from_memory(uint64_t base, const ReadFn& read) {
   return ElfParser::parse_memory(base, read, false);
+}
+
+uint64_t ElfImage::borrowed_table_bytes() const {
+  uint64_t n = 0;
+  auto add = [&n](const auto& table) {
+    if (table.is_borrowed()) n += table.size() * sizeof(table[0]);
+  };
+  add(dynsym_.entries);
+  add(dynsym_.strings);
+  add(gnu_.bloom);
+  add(gnu_.buckets);
+  add(gnu_.chain);
+  return n;
 }
 
 std::string ElfImage::build_id_hex() const { return to_hex(build_id_.data(), build_id_.size()); }

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/result.h"
@@ -97,6 +98,13 @@ class ElfImage {
   // several threads look up at the same time); .dynsym hits never do.
   std::optional<Symbol> find_symbol(std::string_view name) const;
 
+  // How many bytes of this image's tables (dynamic symbols, their names, the
+  // GNU hash) are viewed in place in a library this process has loaded for
+  // good, the same build of libc or of the dynamic loader with the same
+  // bytes, rather than copied: see "Resident tables" in the .cc. Lookups
+  // answer the same either way.
+  uint64_t borrowed_table_bytes() const;
+
   // All defined function symbols (dynsym and symtab, deduplicated by address).
   std::vector<Symbol> function_symbols() const;
 
@@ -136,14 +144,49 @@ class ElfImage {
     unsigned char bind() const { return info >> 4; }   // ELF64_ST_BIND
     bool defined() const { return shndx != 0; }        // SHN_UNDEF is 0
   };
-  // A symbol table with one copy of its own string table, both copied out of
-  // the image: from_fd unmaps the file after parsing, and a target's memory
-  // is gone once read. The parser checked that every entry's name offset
-  // starts a NUL-terminated string inside `strings`, so the accessors need no
-  // checks that can fail.
+  // An array of a table the image either owns (copied out of the file or
+  // the target's memory: from_fd unmaps the file after parsing, and a
+  // target's memory is gone once read) or borrows from memory that outlives
+  // every image: the same bytes of a library this very process has loaded
+  // and can never unload (libc, the dynamic loader; see elf_image.cc,
+  // "Resident tables"). Read-only either way; move-only, so that a view of
+  // owned storage never outlives it.
+  template <typename T>
+  class Table {
+   public:
+    Table() = default;
+    explicit Table(std::vector<T> owned) : owned_(std::move(owned)), view_(owned_) {}
+    static Table borrowed(std::span<const T> view) {
+      Table t;
+      t.view_ = view;
+      return t;
+    }
+    // A vector's move keeps its buffer, so the view stays valid in the copy.
+    Table(Table&& o) noexcept : owned_(std::move(o.owned_)), view_(std::exchange(o.view_, {})) {}
+    Table& operator=(Table&& o) noexcept {
+      owned_ = std::move(o.owned_);
+      view_ = std::exchange(o.view_, {});
+      return *this;
+    }
+    size_t size() const { return view_.size(); }
+    bool empty() const { return view_.empty(); }
+    const T* data() const { return view_.data(); }
+    const T& operator[](size_t i) const { return view_[i]; }
+    auto begin() const { return view_.begin(); }
+    auto end() const { return view_.end(); }
+    std::span<const T> span() const { return view_; }
+    bool is_borrowed() const { return !view_.empty() && owned_.empty(); }
+
+   private:
+    std::vector<T> owned_;
+    std::span<const T> view_;
+  };
+  // A symbol table with its own string table. The parser checked that every
+  // entry's name offset starts a NUL-terminated string inside `strings`, so
+  // the accessors need no checks that can fail.
   struct SymbolTable {
-    std::vector<RawSymbol> entries;
-    std::vector<std::byte> strings;
+    Table<RawSymbol> entries;
+    Table<std::byte> strings;
     std::string_view name(const RawSymbol& s) const {
       return std::string_view(reinterpret_cast<const char*>(strings.data()) + s.name);
     }
@@ -161,8 +204,8 @@ class ElfImage {
   // only when there is no GNU one, the one find_symbol prefers).
   struct GnuHash {
     uint32_t symoffset = 0, bloom_shift = 0;
-    std::vector<uint64_t> bloom;
-    std::vector<uint32_t> buckets, chain;
+    Table<uint64_t> bloom;
+    Table<uint32_t> buckets, chain;
   } gnu_;
   struct SysvHash {
     std::vector<uint32_t> buckets, chain;

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <link.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -623,6 +624,124 @@ TEST(ElfMemory, LibcFromMemoryAndFileMatchDlsym) {
     EXPECT_EQ(m->value + l.bias, reinterpret_cast<uint64_t>(expected));
     EXPECT_EQ(m->value, f->value);
   }
+}
+
+// Resident tables: a file that is the build of libc this process runs views
+// its .dynsym, .dynstr and .gnu.hash in our own libc instead of copying
+// them, and only where the bytes are the same; lookups answer the same.
+struct LibcFile {
+  std::string path;
+  std::vector<std::byte> bytes;
+  std::optional<Elf64_Shdr> section(uint32_t type, std::string_view name = {}) const {
+    Elf64_Ehdr eh = get_ehdr(bytes);
+    std::vector<Elf64_Shdr> shdrs(eh.e_shnum);
+    std::memcpy(shdrs.data(), bytes.data() + eh.e_shoff, shdrs.size() * sizeof(Elf64_Shdr));
+    const Elf64_Shdr& names = shdrs.at(eh.e_shstrndx);
+    for (const Elf64_Shdr& sh : shdrs) {
+      const char* n = reinterpret_cast<const char*>(bytes.data()) + names.sh_offset + sh.sh_name;
+      if (sh.sh_type == type && (name.empty() || name == n)) return sh;
+    }
+    return std::nullopt;
+  }
+};
+
+LibcFile this_libc() {
+  Dl_info info{};
+  EXPECT_NE(::dladdr(reinterpret_cast<void*>(&::getpid), &info), 0);
+  LibcFile f{info.dli_fname, read_file(info.dli_fname)};
+  EXPECT_GT(f.bytes.size(), sizeof(Elf64_Ehdr)) << f.path;
+  return f;
+}
+
+void expect_same_lookups(const ElfImage& a, const ElfImage& b) {
+  for (const char* name : {"getpid", "pthread_cond_wait", "realpath", "fopen", "dlopen", "qsort", "malloc",
+                           "pthread_create", "__libc_start_main", "no_such_symbol_anywhere"}) {
+    SCOPED_TRACE(name);
+    auto x = a.find_symbol(name), y = b.find_symbol(name);
+    ASSERT_EQ(x.has_value(), y.has_value());
+    if (x) {
+      EXPECT_EQ(x->value, y->value);
+    }
+  }
+  auto fa = a.function_symbols(), fb = b.function_symbols();
+  ASSERT_EQ(fa.size(), fb.size());
+  for (size_t i = 0; i < fa.size(); ++i) {
+    EXPECT_EQ(fa[i].name, fb[i].name);
+    EXPECT_EQ(fa[i].value, fb[i].value);
+  }
+}
+
+TEST(ElfResident, ThisProcessLibcAndLoaderAreViewedInPlace) {
+  LibcFile libc = this_libc();
+  auto dynsym = libc.section(SHT_DYNSYM), gnu = libc.section(SHT_GNU_HASH);
+  ASSERT_TRUE(dynsym && gnu) << libc.path;
+  auto dynstr = libc.section(SHT_STRTAB, ".dynstr");
+  ASSERT_TRUE(dynstr);
+  auto file = load_path(libc.path);
+  ASSERT_TRUE(file);
+  // All of .dynsym, .dynstr and the GNU hash but its 16-byte header.
+  EXPECT_EQ(file->borrowed_table_bytes(), dynsym->sh_size + dynstr->sh_size + gnu->sh_size - 16);
+
+  // The same bytes with another Build ID are another build: copied.
+  std::vector<std::byte> other = libc.bytes;
+  auto note = libc.section(SHT_NOTE, ".note.gnu.build-id");
+  ASSERT_TRUE(note);
+  other[note->sh_offset + note->sh_size - 1] ^= std::byte{0xff};
+  auto copied = load_bytes(other);
+  ASSERT_TRUE(copied);
+  EXPECT_NE(copied->build_id(), file->build_id());
+  EXPECT_EQ(copied->borrowed_table_bytes(), 0u);
+  expect_same_lookups(*file, *copied);
+
+  // The dynamic loader is resident too.
+  Dl_info loader{};
+  ASSERT_NE(::dladdr(reinterpret_cast<void*>(::getauxval(AT_BASE)), &loader), 0);
+  auto ld = load_path(loader.dli_fname);
+  ASSERT_TRUE(ld);
+  EXPECT_GT(ld->borrowed_table_bytes(), 0u) << loader.dli_fname;
+
+  // A PT_DYNAMIC-only copy (no section headers) is read as before: copied.
+  auto dynamic_route = load_bytes(without_section_headers(libc.bytes));
+  ASSERT_TRUE(dynamic_route);
+  EXPECT_EQ(dynamic_route->borrowed_table_bytes(), 0u);
+}
+
+TEST(ElfResident, OnlyTheSameBytesAreViewed) {
+  LibcFile libc = this_libc();
+  auto dynstr = libc.section(SHT_STRTAB, ".dynstr");
+  ASSERT_TRUE(dynstr);
+  auto whole = load_path(libc.path);
+  ASSERT_TRUE(whole);
+  ASSERT_TRUE(whole->find_symbol("qsort"));
+  // The same Build ID, one name changed: "qsort" becomes "qsorT". The
+  // names are copied from this file (the lookup misses, as in the file);
+  // the tables that did not change are still viewed in place.
+  std::vector<std::byte> changed = libc.bytes;
+  const char* names = reinterpret_cast<const char*>(changed.data()) + dynstr->sh_offset;
+  std::string_view all(names, dynstr->sh_size);
+  size_t at = std::string_view::npos;
+  for (size_t pos = all.find("qsort"); pos != std::string_view::npos; pos = all.find("qsort", pos + 1))
+    if ((pos == 0 || all[pos - 1] == '\0') && all[pos + 5] == '\0') at = pos;
+  ASSERT_NE(at, std::string_view::npos);
+  changed[dynstr->sh_offset + at + 4] = std::byte{'T'};
+  auto image = load_bytes(changed);
+  ASSERT_TRUE(image);
+  EXPECT_EQ(image->build_id(), whole->build_id());
+  EXPECT_EQ(image->borrowed_table_bytes(), whole->borrowed_table_bytes() - dynstr->sh_size);
+  EXPECT_FALSE(image->find_symbol("qsort"));
+  EXPECT_TRUE(image->find_symbol("malloc"));
+  EXPECT_EQ(image->find_symbol("malloc")->value, whole->find_symbol("malloc")->value);
+}
+
+// A library this process loaded with dlopen can be unloaded: never viewed.
+TEST(ElfResident, LibrariesThatCanBeUnloadedAreCopied) {
+  DlHandle lib(REMORA_ELF_FIXTURE_GNU);
+  ASSERT_NE(lib.h, nullptr) << ::dlerror();
+  auto file = load_path(REMORA_ELF_FIXTURE_GNU);
+  ASSERT_TRUE(file);
+  EXPECT_FALSE(file->build_id().empty());
+  EXPECT_EQ(file->borrowed_table_bytes(), 0u);
+  EXPECT_TRUE(file->find_symbol("remora_fixture_add"));
 }
 
 TEST(ElfMemory, BiasFromSelfMaps) {
