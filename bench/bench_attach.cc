@@ -20,7 +20,9 @@
 //                     detach) and `--keep --attach-children=false` (attach and
 //                     exit: what an injector's CLI does); `remora --version`
 //                     is the CLI's start-up alone, `/bin/true` what any
-//                     command costs to fork, exec and reap here
+//                     command costs to fork, exec and reap here; the
+//                     `--keep` one is split into its phases by its own
+//                     REMORA_LOG=attach marks, in a run of its own
 //   re-attach         attach + detach cycles once the agent is in
 //   tree of 32        attach_tree over a parent with 31 children, fresh
 //                     processes, against 32 in-process floors one per CPU
@@ -47,6 +49,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -348,6 +351,64 @@ double cli_run(const std::string& program, std::vector<std::string> args) {
   return us;
 }
 
+// Where the time of one `remora attach --keep` goes, from its own
+// REMORA_LOG=attach marks (CLOCK_MONOTONIC, as Clock): fork to "the command
+// starts" (exec, start-up, the line's parse), to "session ready" (tools
+// chosen, target checked and opened), to "attached" (the attach), to the
+// exit (report, teardown). A run of its own: writing the marks costs a few
+// microseconds each.
+struct Phases {
+  double start = 0, open = 0, attach = 0, exit = 0;
+};
+
+std::optional<double> mark_at(const std::string& log, const char* what) {
+  for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) {
+    size_t line = log.rfind('\n', at);
+    line = line == std::string::npos ? 0 : line + 1;
+    double secs = 0;
+    if (std::sscanf(log.c_str() + line, "[remora %lf", &secs) == 1) return secs * 1e6;
+  }
+  return std::nullopt;
+}
+
+Phases cli_phases(const std::string& remora, const std::string& tool) {
+  Tree t;
+  spawn_tree(t, 0);
+  int err[2];
+  if (pipe2(err, O_CLOEXEC) != 0) die("pipe");
+  const std::string pid = std::to_string(t.root);
+  const double t0 = std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+  pid_t child = fork();
+  if (child < 0) die("fork");
+  if (child == 0) {
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(err[1], 2);
+    setenv("REMORA_LOG", "attach", 1);
+    execl(remora.c_str(), remora.c_str(), "attach", "-p", pid.c_str(), "-t", tool.c_str(), "--keep",
+          "--attach-children=false", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err[1]);
+  std::string log;
+  char buf[4096];
+  for (ssize_t n; (n = read(err[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    log.append(buf, static_cast<size_t>(n));
+  }
+  close(err[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  const double end = std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("remora attach (phases) failed:\n" + log);
+  auto start = mark_at(log, "the command starts"), ready = mark_at(log, "session ready"),
+       attached = mark_at(log, ": attached");
+  if (!start || !ready || !attached) die("remora attach (phases): a mark is missing:\n" + log);
+  return Phases{*start - t0, *ready - *start, *attached - *ready, end - *attached};
+}
+
 double cli_attach(const std::string& remora, const std::string& tool, const std::vector<std::string>& extra) {
   Tree t;
   spawn_tree(t, 0);
@@ -452,6 +513,7 @@ struct Rows {
   PeerRows peer;
   std::vector<double> floor, idle, idle_cpu, spin, spin_stall, threads8, threads8_stall, base_stall, cli_d1,
       cli_keep, version, spawn, reattach, detach, tree, tree_floor, tree_cpu, tree_floor_cpu;
+  std::vector<double> cli_start, cli_open, cli_attach, cli_exit;  // cli_phases
 };
 
 void reattach_cycles(const AttachOptions& opts, int cycles, Rows* rows) {
@@ -521,6 +583,10 @@ void print_rows(const Rows& r, int rounds) {
   row("`remora --version` (CLI start-up)", r.version);
   row("`remora attach -d 1`, idle target, fork/exec to exit", r.cli_d1, 2650);
   row("`remora attach --keep --attach-children=false`, idle target", r.cli_keep, 2650);
+  row("  its phases (a run with REMORA_LOG=attach): fork to the command's start", r.cli_start);
+  row("    to the session ready (tools chosen, target checked and opened)", r.cli_open);
+  row("    to attached (agent and tool loaded, the tool attached)", r.cli_attach);
+  row("    to its exit (report, teardown)", r.cli_exit);
   row("re-attach (agent loaded)", r.reattach);
   row("detach (agent loaded)", r.detach);
   std::printf("| attach_tree, 32 fresh processes | %.1f ms | %.1f ms | %.1f ms (2x floor) |\n",
@@ -616,6 +682,11 @@ int main(int argc, char** argv) {
       r.version.push_back(cli_run(remora, {"--version"}));
       r.cli_d1.push_back(cli_attach(remora, opts.tools[0], {"-d", "1"}));
       r.cli_keep.push_back(cli_attach(remora, opts.tools[0], {"--keep", "--attach-children=false"}));
+      const Phases ph = cli_phases(remora, opts.tools[0]);
+      r.cli_start.push_back(ph.start);
+      r.cli_open.push_back(ph.open);
+      r.cli_attach.push_back(ph.attach);
+      r.cli_exit.push_back(ph.exit);
     }
     reattach_cycles(opts, 10, &r);
     if (peer) peer_rows(*peer, opts.tools[0], i % 3 == 0, &r.peer);

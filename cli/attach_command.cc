@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attach/attach.h"
+#include "base/log.h"
 #include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
@@ -446,6 +447,10 @@ int ended_session_exit_code(const AttachCommandOptions& o, const std::vector<Att
 }
 
 int run_attach(const AttachCommandOptions& o) {
+  // The first mark of the command's own timeline (REMORA_LOG=attach): all
+  // before it is start-up, the line's parse included (remora-bench-attach
+  // splits the command at it).
+  REMORA_LOG(kAttach, "pid %d: the command starts", static_cast<int>(o.pid));
   auto given = parse_env_list(o.env);
   if (!given) return fail(given.error());
   // The caller's REMORA_* and ROCP* variables reach the targets, as the C

@@ -238,8 +238,8 @@ long host_page_size() {
 // for as long as we live. When a file being parsed is the same build (GNU
 // Build ID), a table whose bytes there equal the file's (compared, not
 // assumed from the ID) is viewed in place instead of copied. For libc that
-// is 120 KB of .dynsym, .dynstr and .gnu.hash, some 35 fresh pages that a
-// short-lived controller (`remora attach`) would otherwise fault in, zero and
+// is 126 KB of .dynsym, .dynstr, .gnu.version and .gnu.hash, some 35 fresh
+// pages that a short-lived controller (`remora attach`) would otherwise fault in, zero and
 // copy on every run, to look up a dozen names. Viewing them adds no risk of
 // a fault: a truncated libc would take this process down through its own
 // calls into it anyway.
@@ -514,10 +514,8 @@ Result<uint64_t> ElfParser::load_sysv_hash(const Reader& read, uint64_t addr, El
 }
 
 Result<void> ElfParser::load_versym(const Reader& read, uint64_t addr, ElfImage& img, const Mirror* mirror) {
-  auto versym = REMORA_TRY(
+  img.dynsym_versym_ = REMORA_TRY(
       take_array<uint16_t>(read, addr, img.dynsym_.entries.size(), kMaxSymbols, "version table", mirror));
-  img.dynsym_hidden_.assign(versym.size(), false);
-  for (size_t i = 0; i < versym.size(); ++i) img.dynsym_hidden_[i] = (versym[i] & 0x8000) != 0;
   return ok();
 }
 
@@ -879,6 +877,7 @@ uint64_t ElfImage::borrowed_table_bytes() const {
   add(gnu_.bloom);
   add(gnu_.buckets);
   add(gnu_.chain);
+  add(dynsym_versym_);
   return n;
 }
 
@@ -997,7 +996,7 @@ std::optional<Symbol> ElfImage::find_symbol(std::string_view name) const {
     if (idx >= dynsym_.entries.size()) return false;  // hash chains are untrusted input
     const RawSymbol& s = dynsym_.entries[idx];
     if (!s.defined() || !dynsym_.name_is(s, name)) return false;
-    if (idx < dynsym_hidden_.size() && dynsym_hidden_[idx]) {
+    if (hidden_version(idx)) {
       if (!hidden_match) hidden_match = idx;
       return false;
     }

@@ -196,9 +196,13 @@ class ElfImage {
     Symbol symbol(const RawSymbol& s) const { return symbol(s, name(s)); }
   };
   SymbolTable dynsym_;  // index order of .dynsym (hash buckets refer to indices)
-  // Per dynsym index: the version is hidden (VERSYM_HIDDEN, a non-default
-  // "name@VER"); dlsym() prefers the default version, and so do we.
-  std::vector<bool> dynsym_hidden_;
+  // Per dynsym index, its version index (.gnu.version); bit 15
+  // (VERSYM_HIDDEN) marks a non-default "name@VER": dlsym() prefers the
+  // default version, and so do we. Empty without version information.
+  Table<uint16_t> dynsym_versym_;
+  bool hidden_version(size_t idx) const {
+    return idx < dynsym_versym_.size() && (dynsym_versym_[idx] & 0x8000) != 0;
+  }
   SymbolTable symtab_;  // .symtab, when present
   // Hash tables over dynsym_ (either may be empty; the SysV one is kept
   // only when there is no GNU one, the one find_symbol prefers).

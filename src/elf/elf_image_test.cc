@@ -627,7 +627,7 @@ TEST(ElfMemory, LibcFromMemoryAndFileMatchDlsym) {
 }
 
 // Resident tables: a file that is the build of libc this process runs views
-// its .dynsym, .dynstr and .gnu.hash in our own libc instead of copying
+// its .dynsym, .dynstr, .gnu.version and .gnu.hash in our own libc instead of copying
 // them, and only where the bytes are the same; lookups answer the same.
 struct LibcFile {
   std::string path;
@@ -674,13 +674,15 @@ void expect_same_lookups(const ElfImage& a, const ElfImage& b) {
 TEST(ElfResident, ThisProcessLibcAndLoaderAreViewedInPlace) {
   LibcFile libc = this_libc();
   auto dynsym = libc.section(SHT_DYNSYM), gnu = libc.section(SHT_GNU_HASH);
-  ASSERT_TRUE(dynsym && gnu) << libc.path;
+  auto versym = libc.section(SHT_GNU_versym);
+  ASSERT_TRUE(dynsym && gnu && versym) << libc.path;
   auto dynstr = libc.section(SHT_STRTAB, ".dynstr");
   ASSERT_TRUE(dynstr);
   auto file = load_path(libc.path);
   ASSERT_TRUE(file);
-  // All of .dynsym, .dynstr and the GNU hash but its 16-byte header.
-  EXPECT_EQ(file->borrowed_table_bytes(), dynsym->sh_size + dynstr->sh_size + gnu->sh_size - 16);
+  // All of .dynsym, .dynstr, .gnu.version and the GNU hash but its 16-byte header.
+  EXPECT_EQ(file->borrowed_table_bytes(),
+            dynsym->sh_size + dynstr->sh_size + versym->sh_size + gnu->sh_size - 16);
 
   // The same bytes with another Build ID are another build: copied.
   std::vector<std::byte> other = libc.bytes;
