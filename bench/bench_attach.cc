@@ -376,7 +376,17 @@ Phases cli_phases(const std::string& remora, const std::string& tool) {
   spawn_tree(t, 0);
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0) die("pipe");
-  const std::string pid = std::to_string(t.root);
+  std::vector<std::string> args = {remora, "attach", "-p",     std::to_string(t.root),
+                                   "-t",   tool,     "--keep", "--attach-children=false"};
+  std::vector<std::string> env = {"REMORA_LOG=attach"};
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "REMORA_LOG=", 11) != 0) env.emplace_back(*e);
+  // Built before the fork: the child only execs.
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  for (auto& e : env) envp.push_back(e.data());
+  argv.push_back(nullptr);
+  envp.push_back(nullptr);
   const double t0 = std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
   pid_t child = fork();
   if (child < 0) die("fork");
@@ -385,9 +395,7 @@ Phases cli_phases(const std::string& remora, const std::string& tool) {
     dup2(null, 0);
     dup2(null, 1);
     dup2(err[1], 2);
-    setenv("REMORA_LOG", "attach", 1);
-    execl(remora.c_str(), remora.c_str(), "attach", "-p", pid.c_str(), "-t", tool.c_str(), "--keep",
-          "--attach-children=false", static_cast<char*>(nullptr));
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   close(err[1]);

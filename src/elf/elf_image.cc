@@ -238,11 +238,11 @@ long host_page_size() {
 // for as long as we live. When a file being parsed is the same build (GNU
 // Build ID), a table whose bytes there equal the file's (compared, not
 // assumed from the ID) is viewed in place instead of copied. For libc that
-// is 126 KB of .dynsym, .dynstr, .gnu.version and .gnu.hash, some 35 fresh
-// pages that a short-lived controller (`remora attach`) would otherwise fault in, zero and
-// copy on every run, to look up a dozen names. Viewing them adds no risk of
-// a fault: a truncated libc would take this process down through its own
-// calls into it anyway.
+// is 126 KB of .dynsym, .dynstr, .gnu.version and .gnu.hash, some 30 fresh
+// pages that a short-lived controller (`remora attach`) would otherwise
+// fault in, zero and copy on every run, to look up a dozen names. Viewing
+// them adds no risk of a fault: a truncated libc would take this process
+// down through its own calls into it anyway.
 struct ResidentObject {
   std::vector<std::byte> build_id;
   struct Segment {

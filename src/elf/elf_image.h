@@ -98,8 +98,8 @@ class ElfImage {
   // several threads look up at the same time); .dynsym hits never do.
   std::optional<Symbol> find_symbol(std::string_view name) const;
 
-  // How many bytes of this image's tables (dynamic symbols, their names, the
-  // GNU hash) are viewed in place in a library this process has loaded for
+  // How many bytes of this image's tables (dynamic symbols, their names and
+  // versions, the GNU hash) are viewed in place in a library this process has loaded for
   // good, the same build of libc or of the dynamic loader with the same
   // bytes, rather than copied: see "Resident tables" in the .cc. Lookups
   // answer the same either way.
@@ -164,6 +164,7 @@ class ElfImage {
     // A vector's move keeps its buffer, so the view stays valid in the copy.
     Table(Table&& o) noexcept : owned_(std::move(o.owned_)), view_(std::exchange(o.view_, {})) {}
     Table& operator=(Table&& o) noexcept {
+      if (this == &o) return *this;
       owned_ = std::move(o.owned_);
       view_ = std::exchange(o.view_, {});
       return *this;
