@@ -54,6 +54,15 @@ Elf64_Ehdr get_ehdr(const std::vector<std::byte>& bytes) {
   return eh;
 }
 
+// The section headers of a file image, read by hand for the tests below.
+std::vector<Elf64_Shdr> section_headers(const std::vector<std::byte>& bytes) {
+  const Elf64_Ehdr eh = get_ehdr(bytes);
+  std::vector<Elf64_Shdr> out(eh.e_shnum);
+  if (eh.e_shoff == 0 || eh.e_shoff + out.size() * sizeof(Elf64_Shdr) > bytes.size()) return {};
+  std::memcpy(out.data(), bytes.data() + eh.e_shoff, out.size() * sizeof(Elf64_Shdr));
+  return out;
+}
+
 void put_ehdr(std::vector<std::byte>& bytes, const Elf64_Ehdr& eh) {
   std::memcpy(bytes.data(), &eh, sizeof eh);
 }
@@ -627,16 +636,16 @@ TEST(ElfMemory, LibcFromMemoryAndFileMatchDlsym) {
 }
 
 // Resident tables: a file that is the build of libc this process runs views
-// its .dynsym, .dynstr, .gnu.version and .gnu.hash in our own libc instead of copying
-// them, and only where the bytes are the same; lookups answer the same.
+// its .dynsym, .dynstr, .gnu.version and .gnu.hash in our own libc instead
+// of copying them, and only where the bytes are the same; lookups answer
+// the same.
 struct LibcFile {
   std::string path;
   std::vector<std::byte> bytes;
   std::optional<Elf64_Shdr> section(uint32_t type, std::string_view name = {}) const {
-    Elf64_Ehdr eh = get_ehdr(bytes);
-    std::vector<Elf64_Shdr> shdrs(eh.e_shnum);
-    std::memcpy(shdrs.data(), bytes.data() + eh.e_shoff, shdrs.size() * sizeof(Elf64_Shdr));
-    const Elf64_Shdr& names = shdrs.at(eh.e_shstrndx);
+    const std::vector<Elf64_Shdr> shdrs = section_headers(bytes);
+    if (shdrs.empty()) return std::nullopt;
+    const Elf64_Shdr& names = shdrs.at(get_ehdr(bytes).e_shstrndx);
     for (const Elf64_Shdr& sh : shdrs) {
       const char* n = reinterpret_cast<const char*>(bytes.data()) + names.sh_offset + sh.sh_name;
       if (sh.sh_type == type && (name.empty() || name == n)) return sh;
@@ -723,7 +732,7 @@ TEST(ElfResident, OnlyTheSameBytesAreViewed) {
   std::string_view all(names, dynstr->sh_size);
   size_t at = std::string_view::npos;
   for (size_t pos = all.find("qsort"); pos != std::string_view::npos; pos = all.find("qsort", pos + 1))
-    if ((pos == 0 || all[pos - 1] == '\0') && all[pos + 5] == '\0') at = pos;
+    if ((pos == 0 || all[pos - 1] == '\0') && pos + 5 < all.size() && all[pos + 5] == '\0') at = pos;
   ASSERT_NE(at, std::string_view::npos);
   changed[dynstr->sh_offset + at + 4] = std::byte{'T'};
   auto image = load_bytes(changed);
@@ -1095,15 +1104,6 @@ namespace remora::elf {
 namespace {
 
 // ---------------------------------------------------------------- compact symbol tables
-
-// The section headers of a file image, read by hand for the tests below.
-std::vector<Elf64_Shdr> section_headers(const std::vector<std::byte>& bytes) {
-  const Elf64_Ehdr eh = get_ehdr(bytes);
-  std::vector<Elf64_Shdr> out(eh.e_shnum);
-  if (eh.e_shoff == 0 || eh.e_shoff + out.size() * sizeof(Elf64_Shdr) > bytes.size()) return {};
-  std::memcpy(out.data(), bytes.data() + eh.e_shoff, out.size() * sizeof(Elf64_Shdr));
-  return out;
-}
 
 std::optional<size_t> section_of_type(const std::vector<Elf64_Shdr>& shdrs, uint32_t type) {
   for (size_t i = 0; i < shdrs.size(); ++i)
