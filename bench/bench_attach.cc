@@ -38,11 +38,20 @@
 // 8-thread targets and for the 32 processes of a tree one after another
 // (it has no tree call); REMORA_BENCH_PEER_CLI=INJECTOR adds its command,
 // `injector -p PID TOOL`, fork/exec to exit.
+// --pin CPU (or REMORA_BENCH_PIN=CPU) pins the bench to that one CPU before
+// anything starts; every process it starts (targets, floors, `remora`, the
+// peer) and every thread they start (the agent's loader and listener
+// included) inherits the mask, so the controller and the target take turns
+// on one CPU: a machine whose cores the target keeps busy. Each round checks
+// that the 8-thread target's threads, listener included, are still on it.
+// The floors then run one at a time (as many at a time as the bench has
+// CPUs).
 // The payload is the smallest tool there is (the test hook tool with no log
 // file), so the figures are Remora's own cost.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,6 +59,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -60,6 +70,7 @@
 #include <vector>
 
 #include "attach/attach.h"
+#include "procfs/procfs.h"
 
 using Clock = std::chrono::steady_clock;
 using remora::attach::AttachOptions;
@@ -89,11 +100,52 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// The CPU every process runs on (--pin), or -1: the machine's as it comes.
+int g_pin_cpu = -1;
+
+// How many CPUs the bench may run on: its affinity mask's (one when pinned).
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// Pins the calling (and still only) thread of the bench to `cpu`; what it
+// starts from now on inherits the mask (fork, exec and clone keep it).
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    die("--pin " + std::to_string(cpu) + ": sched_setaffinity: " + std::strerror(errno));
+}
+
+// Pinned runs only: every thread of `pid` may run on the pinned CPU alone
+// (a thread that escaped the mask would make the rows those of two CPUs).
+void check_pinned(pid_t pid) {
+  if (g_pin_cpu < 0) return;
+  auto tids = remora::procfs::list_tasks(pid);
+  if (!tids) die("list the threads of " + std::to_string(pid) + ": " + tids.error().to_string());
+  for (pid_t tid : *tids) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(tid, sizeof set, &set) != 0) continue;  // gone meanwhile
+    if (CPU_COUNT(&set) != 1 || !CPU_ISSET(g_pin_cpu, &set))
+      die("thread " + std::to_string(tid) + " of " + std::to_string(pid) + " is not pinned to CPU " +
+          std::to_string(g_pin_cpu));
+  }
+}
+
 // Shared (MAP_SHARED memfd) between the bench and a target's spinner: the
 // bench asks for a new window by bumping `window`; the spinner starts it
-// (its longest gap back to 0) and says so in `started`.
+// (its longest gap back to 0) and says so in `started`. To read the window's
+// longest gap the bench bumps `probe` and waits for `probed`: the spinner
+// answers after an iteration of its own, i.e. once it has run again and
+// counted the gap that was still open (pinned, the attach's own gap ends
+// only when the spinner next gets the CPU).
 struct SpinShared {
-  std::atomic<uint64_t> window{0}, started{0}, max_gap_ns{0};
+  std::atomic<uint64_t> window{0}, started{0}, max_gap_ns{0}, probe{0}, probed{0};
   std::atomic<int> running{0};  // spinners that have started
 };
 
@@ -114,15 +166,26 @@ struct Tree {
     if (spin) munmap(spin, sizeof *spin);
   }
   // Starts a new spinner window; true once the spinner started it (it runs
-  // on a CPU of its own: a few microseconds, 2 s at most).
+  // on a CPU of its own: a few microseconds, 2 s at most; pinned, it needs
+  // ours, so the bench yields it).
   bool open_window() const {
     const uint64_t w = spin->window.fetch_add(1) + 1;
     const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (spin->started.load() != w)
+    while (spin->started.load() != w) {
       if (Clock::now() > deadline) return false;
+      if (g_pin_cpu >= 0) sched_yield();
+    }
     return true;
   }
-  double stall_us() const { return static_cast<double>(spin->max_gap_ns.load()) / 1000; }
+  double stall_us() const {
+    const uint64_t p = spin->probe.fetch_add(1) + 1;
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (spin->probed.load() != p) {
+      if (Clock::now() > deadline) die("the target's spinner did not answer");
+      if (g_pin_cpu >= 0) sched_yield();
+    }
+    return static_cast<double>(spin->max_gap_ns.load()) / 1000;
+  }
 };
 
 // Targets are fresh programs: each process is this executable run again in
@@ -177,7 +240,7 @@ void spawn_tree(Tree& t, int children, int spinners = 0, int blocked = 0) {
 }
 
 void spin(SpinShared* s) {
-  uint64_t last = now_ns(), max_gap = 0, window = 0;
+  uint64_t last = now_ns(), max_gap = 0, window = 0, probe = 0;
   s->running.fetch_add(1);
   for (;;) {
     const uint64_t t = now_ns();
@@ -191,6 +254,10 @@ void spin(SpinShared* s) {
     }
     if (max_gap > s->max_gap_ns.load(std::memory_order_relaxed))
       s->max_gap_ns.store(max_gap, std::memory_order_relaxed);
+    if (const uint64_t p = s->probe.load(std::memory_order_relaxed); p != probe) {
+      probe = p;
+      s->probed.store(p);  // after the gap's store: the bench reads it next
+    }
   }
 }
 
@@ -208,7 +275,7 @@ int target_main(int ready_fd, int hold_fd, int shm, int spinners, int blocked) {
       (void)!read(hold_fd, &b, 1);
     }).detach();
   for (int i = 0; i < spinners; ++i) std::thread([s] { spin(s); }).detach();
-  while (up.load() < blocked) std::this_thread::yield();
+  while (up.load() < blocked) std::this_thread::yield();  // pinned too: a yield lets them run
   while (s->running.load() < spinners) std::this_thread::yield();
   char b = 'c';
   (void)!write(ready_fd, &b, 1);
@@ -267,7 +334,7 @@ std::pair<std::vector<double>, double> in_process(const std::string& agent, cons
     char b;
     if (read(ready[0], &b, 1) != 1) die("in-process loader did not start");
   }
-  const int width = std::max(1, std::min(count, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))));
+  const int width = std::max(1, std::min(count, usable_cpus()));
   auto t0 = Clock::now();
   std::string first(static_cast<size_t>(width), 'g');
   if (write(go[1], first.data(), first.size()) != width) die("write");
@@ -311,6 +378,7 @@ double first_attach(const AttachOptions& opts, int spinners, int blocked, double
   if (cpu) *cpu = thread_cpu_us() - cpu0;
   if (!r) die(r.error().to_string());
   if (stall) *stall = t.stall_us();
+  if (blocked > 0) check_pinned(t.root);  // its threads and the agent's listener
   if (auto d = c.detach(t.root); !d) die(d.error().to_string());
   return us;
 }
@@ -577,7 +645,13 @@ void print_rows(const Rows& r, int rounds) {
     else
       std::printf(" |\n");
   };
-  std::printf("rounds: %d (interleaved; one sample of each row per round)\n\n", rounds);
+  std::printf("rounds: %d (interleaved; one sample of each row per round)\n", rounds);
+  if (g_pin_cpu >= 0)
+    std::printf(
+        "pinned: the bench, every process it starts and all their threads on CPU %d (--pin); the tree's floor "
+        "one process at a time\n",
+        g_pin_cpu);
+  std::printf("\n");
   std::printf("| row | median | max | goal (issue 12 part 5) |\n|---|---|---|---|\n");
   row("in-process floor (the process loads agent and tool itself)", r.floor);
   row("first attach, idle target", r.idle, 1630);
@@ -654,14 +728,23 @@ int main(int argc, char** argv) {
                        std::atoi(argv[6]));
   if (argc == 7 && std::strcmp(argv[1], "--load") == 0)
     return load_main(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5], argv[6]);
-  if (argc < 3) die("usage: remora-bench-attach AGENT TOOL [ROUNDS [REMORA]]");
-  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 15;
-  const std::string remora = argc > 4 ? argv[4] : remora_next_to_us();
+  std::vector<char*> pos;  // the positional arguments, --pin taken out
+  if (const char* e = std::getenv("REMORA_BENCH_PIN"); e && *e) g_pin_cpu = std::atoi(e);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--pin") == 0 && i + 1 < argc)
+      g_pin_cpu = std::atoi(argv[++i]);
+    else
+      pos.push_back(argv[i]);
+  }
+  if (pos.size() < 2) die("usage: remora-bench-attach [--pin CPU] AGENT TOOL [ROUNDS [REMORA]]");
+  if (g_pin_cpu >= 0) pin_to(g_pin_cpu);  // before any thread or process starts
+  const int rounds = pos.size() > 2 ? std::max(1, std::atoi(pos[2])) : 15;
+  const std::string remora = pos.size() > 3 ? pos[3] : remora_next_to_us();
   const bool cli = access(remora.c_str(), X_OK) == 0;
   if (!cli) std::printf("skipped: the `remora` rows (no executable at %s)\n", remora.c_str());
   AttachOptions opts;
-  opts.agent_path = argv[1];
-  opts.tools = {argv[2]};
+  opts.agent_path = pos[0];
+  opts.tools = {pos[1]};
 
   const char* rows_env = std::getenv("REMORA_BENCH_ROWS");
   std::optional<Peer> peer;
