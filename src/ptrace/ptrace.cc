@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "arch/host.h"
@@ -396,6 +397,29 @@ Probe probe(pid_t tid, bool leave_child_exit, Stop* out, int* err) {
   }
 }
 
+// True when the waiter has one CPU only and one of `tids` may run there: the
+// tracee then needs the very CPU that a spinning waiter holds (`taskset -c
+// N`, a one-CPU cpuset, a target whose threads keep every other core busy
+// behind its own mask). sched_yield is no help there: the scheduler (EEVDF)
+// runs whatever else is runnable on that CPU, the target's busy threads
+// included, and moves the yielder's deadline a slice later, so once the
+// tracee has stopped the waiter, runnable and not woken, waits behind them
+// for up to a scheduler tick (4 ms at HZ=250). A sleeping waiter is woken
+// by its timer and preempts them. Two cheap system calls per wait.
+bool shares_the_waiters_only_cpu(std::span<const pid_t> tids) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) != 1) return false;
+  for (pid_t tid : tids) {
+    cpu_set_t theirs;
+    CPU_ZERO(&theirs);
+    if (::sched_getaffinity(tid, sizeof theirs, &theirs) != 0) continue;  // gone: the probe will say
+    CPU_AND(&theirs, &theirs, &mine);
+    if (CPU_COUNT(&theirs) != 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const WaitOptions& opts) {
@@ -403,6 +427,8 @@ Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const Wai
   const auto start = Clock::now();
   long sleep_ns = 5'000;
   const bool watch = opts.wake_fd >= 0;
+  // Checked at the first miss only: most waits find their stop at once.
+  std::optional<bool> shared_cpu;
   for (;;) {
     for (pid_t tid : tids) {
       Waited w;
@@ -427,7 +453,8 @@ Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const Wai
     // that runs long (short sleeps need the 1 ns timer slack Controller
     // calls set: the default slack stretches each by 50 us).
     const auto waited = Clock::now() - start;
-    if (waited < std::chrono::microseconds(30)) {
+    if (!shared_cpu) shared_cpu = shares_the_waiters_only_cpu(tids);
+    if (!*shared_cpu && waited < std::chrono::microseconds(30)) {
       if (watch && ::poll(&pfd, 1, 0) > 0) return Waited{Waited::Kind::kWake};
       sched_yield();
       continue;
@@ -436,7 +463,10 @@ Waited wait_any(std::span<const pid_t> tids, const Deadline& deadline, const Wai
     int n = ::ppoll(watch ? &pfd : nullptr, watch ? 1 : 0, &ts, nullptr);
     if (n > 0) return Waited{Waited::Kind::kWake};
     if (n < 0 && errno == EINTR) return Waited{Waited::Kind::kSignal};
-    sleep_ns = std::min<long>(sleep_ns * 2, waited < std::chrono::milliseconds(1) ? 20'000 : 1'000'000);
+    // On a shared CPU a nap's overshoot is the tracee's own time lost (it
+    // stopped, nothing else of ours runs): at most 200 us there.
+    const long cap = waited < std::chrono::milliseconds(1) ? 20'000 : *shared_cpu ? 200'000 : 1'000'000;
+    sleep_ns = std::min<long>(sleep_ns * 2, cap);
   }
 }
 
@@ -496,7 +526,8 @@ bool is_kernel_thread(pid_t pid, const procfs::Status& st) {
   return stat && (stat->flags & 0x00200000u) != 0;  // PF_KTHREAD
 }
 
-// The checks that need no tracer: what the pid names.
+}  // namespace
+
 Result<procfs::Status> precheck_identity(pid_t pid) {
   const std::string p = std::to_string(pid);
   if (pid <= 0)
@@ -529,8 +560,6 @@ Result<procfs::Status> precheck_identity(pid_t pid) {
                                           "user-space process");
   return st;
 }
-
-}  // namespace
 
 Result<procfs::Status> precheck_open(pid_t pid) {
   auto st = REMORA_TRY(precheck_identity(pid));

@@ -181,6 +181,12 @@ bool wait_until_untraced(pid_t pid, pid_t tid, const Deadline& deadline);
 // Errors carry no "open process N" context: the caller adds its own.
 Result<procfs::Status> precheck_open(pid_t pid);
 
+// precheck_open's first half, the refusals of what `pid` names, which need
+// no tracer and change nothing: kInvalidArgument, kOwnProcess,
+// kNoSuchProcess, kZombie, kKernelThread, as above. For a caller that only
+// reads the process (attach::check_target). Returns the status it read.
+Result<procfs::Status> precheck_identity(pid_t pid);
+
 // A best-effort description of the controller's ability to trace `pid`;
 // returns an Error (kTracedByOther / kPtraceDenied) when attaching would fail
 // for a reason that can be known without trying.
