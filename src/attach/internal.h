@@ -1,16 +1,62 @@
-// What attach.cc and follow.cc share inside the attach layer (not part of
-// its interface).
+// What the files of the attach layer share inside it (not part of its
+// interface). Each file is one step of an attach (docs/architecture.md,
+// "Attach, step by step"):
+//   attach.cc      Controller::attach, attach_steps, detach, status, the
+//                  sessions; the test-only fault injection
+//   precheck.cc    refusals about the process (environment, no user space,
+//                  static)
+//   loader.cc      the loader thread, its trampoline and the thread waits
+//   agent_load.cc  finding and loading the agent, a tool's dependencies,
+//                  ensure_agent
+//   listener.cc    the agent's symbols and info block, its listener, the
+//                  calls into it
+//   lease.cc       the lease pipe
+//   unload.cc      unloading the agent
+//   tree.cc        attach_tree / detach_tree, and the steps of following a
+//                  tree that need a session
+//   follow.cc      following a tree while it grows
 #pragma once
 
 #include <sys/types.h>
 
+#include <array>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include "agent/protocol.h"
+#include "arch/host.h"
+#include "attach/attach.h"
 #include "base/deadline.h"
 #include "base/result.h"
+#include "base/unique_fd.h"
+#include "remote/remote_handle.h"
+#include "remote/target.h"
+#include "remote/visible_file.h"
 
 namespace remora::attach::detail {
+
+namespace x = arch::host;  // the host's architecture (arch/host.h): never named here
+using remote::CallArg;
+using remote::CallOptions;
+
+inline constexpr char kAgentName[] = "libremora-agent.so";
+
+// The agent's exported entry points and info block in one process.
+struct AgentSymbols {
+  uint64_t info = 0, attach_fn = 0, detach_fn = 0, lease_fn = 0;
+  uint64_t attach_unmap_fn = 0;   // 0 for an agent older than this entry point
+  uint64_t attach_leased_fn = 0;  // 0 for an agent of protocol 1 (no FEATURE_LEASED_ATTACH)
+  uint64_t unload_fn = 0;         // 0 for an agent of protocol 2 or older (no FEATURE_UNLOAD)
+};
 
 // Runs work(i) for every i < n, on two threads per core but at most eight,
 // the calling one included; returns when every call has returned.
@@ -51,4 +97,145 @@ class ScopedTimerSlack {
   long saved_ = -1;  // the slack before, in ns; -1: unknown, nothing to put back
 };
 
+// ---- attach.cc ----
+
+void pause_briefly(long ns);
+bool pidfd_alive(int pidfd);
+bool fault_injected(std::string_view name);
+
+// ---- precheck.cc ----
+
+Result<void> check_environment(pid_t pid);
+Result<void> refuse_no_user_space(pid_t pid);
+Result<void> check_dynamic(const remote::Target& t);
+
+// ---- loader.cc ----
+
+// A first attach the loader thread makes itself, right after its dlopen of
+// the agent (the trampoline's hook: the agent's remora_agent_loader_attach),
+// instead of a remote call on the listener: the attach call's whole
+// transaction fewer. Only for an attach without a lease, whose tools the
+// target sees as they are with nothing of theirs to deliver, into a process
+// that is not stopped (loader_attach_for); the agent's listener then removes
+// our scratch and the loader's stack once that thread is gone.
+struct LoaderAttach {
+  std::vector<std::byte> env;
+  std::string list;
+  RemoteAddr dlsym_fn;
+  uint64_t id = 0;                      // the request's, for retire_go
+  std::chrono::milliseconds timeout{};  // the request's ack_timeout_ms
+};
+
+// The loader thread at work: `block_at` is its block in the target.
+struct LoaderRun {
+  uint64_t block_at = 0;
+  x::LoaderBlock block{};
+  const LoaderAttach* hook = nullptr;  // the attach to make on it, if any
+  bool hook_takes_stack = false;       // the agent removes the thread's stack (start_loader_thread)
+  uint64_t start_at = 0;               // the loader start routine's block, once written (write_loader)
+  x::LoaderStart start{};
+  std::array<RemoteAddr, 2> stack_fns{};                    // pthread_attr_init, pthread_attr_setstack
+  Result<std::vector<pid_t>> before{std::vector<pid_t>{}};  // the tasks before it was created
+  pid_t loader = 0;                                         // its tid, when Remora drove it itself
+  bool driven = false;  // the process is stopped: Remora ran the loader thread
+};
+
+Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* block,
+                                         std::array<RemoteAddr, 2>* stack_fns);
+Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
+                                   std::string_view path, const Deadline& deadline,
+                                   remote::RemoteHandle* stack_out = nullptr);
+Result<void> wait_thread_gone(pid_t pid, pid_t tid, const Deadline& deadline);
+
+// ---- agent_load.cc ----
+
+// A file made visible in the target; its memfd, when it needs one, is owned
+// and closed in the target once the handle goes, and a copy placed in a root
+// without /proc is removed then (a loaded library keeps its own mapping, so
+// nothing needs the descriptor or the copy after the load).
+struct OwnedFile {
+  std::string path;
+  remote::RemoteHandle memfd;
+  remote::PlacedFile placed;
+};
+
+Result<OwnedFile> make_visible_owned(remote::Target& t, const std::string& host_path,
+                                     const remote::CallOptions& close_on = {});
+Result<void> deliver_dependencies(remote::Target& t, const std::string& library, const Deadline& deadline,
+                                  std::set<std::string>* seen, std::vector<OwnedFile>* kept);
+Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& opts, const Deadline& deadline,
+                           AgentSymbols* agent, remote::RemoteHandle* retired, bool* loaded_now,
+                           OwnedFile* agent_file, std::optional<uint64_t>* loader_attach);
+
+// ---- listener.cc ----
+
+// The agent our own loader thread has just loaded: the handle dlopen
+// returned (its struct link_map) and our copy of the file it loaded.
+struct JustLoaded {
+  uint64_t handle = 0;
+  std::string path;
+};
+
+Errc errc_for_agent(int rc);
+Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own = false,
+                           const JustLoaded* just = nullptr);
+void listener_as_we_name_it(pid_t pid, remora_agent_info* info, bool nested_pid_ns = true);
+Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr);
+Result<remora_agent_info> read_info_head(remote::Target& t, uint64_t addr);
+Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
+                                            pid_t known_listener, const Deadline& deadline);
+Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>& tools, bool reattach,
+                              const remote::CallOptions& on_listener, const Deadline& deadline,
+                              std::vector<OwnedFile>* memfds);
+std::string already_attached_message(const remora_agent_info& info);
+
+// The attach call's arguments (call_agent_attach).
+struct AttachCall {
+  const std::vector<std::byte>& env;
+  const std::string& list;
+  remote::RemoteHandle& retired;
+  std::vector<OwnedFile>& memfds;
+  remote::RemoteHandle* lease_read = nullptr;
+  UniqueFd* lease_fd = nullptr;
+};
+
+Result<void> call_agent_attach(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                               const remote::CallOptions& on_listener, AttachCall c);
+Result<void> finish_loader_attach(remote::Target& t, pid_t pid, const AgentSymbols& agent, uint64_t id,
+                                  const Deadline& deadline);
+
+// ---- lease.cc ----
+
+Result<remote::RemoteHandle> make_lease_pipe(remote::Target& t, pid_t pid,
+                                             const remote::CallOptions& on_listener, UniqueFd* lease_fd);
+void hand_over_read_end(remote::Target& t, pid_t pid, uint64_t info_at, bool call_ran,
+                        remote::RemoteHandle& read_end, const UniqueFd& lease_fd);
+Result<void> arm_lease_or_detach(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                                 const remote::CallOptions& on_listener, UniqueFd* lease_fd,
+                                 const std::string& ctx);
+
+// ---- unload.cc ----
+
+Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                                  remora_agent_info info, std::chrono::milliseconds timeout);
+
 }  // namespace remora::attach::detail
+
+namespace remora::attach {
+
+struct Controller::Session {
+  std::mutex mu;
+  pid_t pid = 0;
+  UniqueFd pidfd;
+  std::unique_ptr<remote::Target> target;
+  detail::AgentSymbols agent;
+  pid_t listener = 0;
+  UniqueFd lease_fd;  // our end of the lease pipe
+  // Attached by this controller and not detached since: what detach(0)
+  // detaches. A failed attach (say, a process another controller attached)
+  // leaves it false. The session itself stays after a detach, so that a
+  // re-attach finds the process open and the agent's symbols resolved.
+  bool attached = false;
+};
+
+}  // namespace remora::attach
