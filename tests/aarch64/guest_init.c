@@ -9,9 +9,23 @@
 // The manifest (/guest/manifest, written by run_guest.py), one line each,
 // fields separated by tabs:
 //   deadline <seconds>              the whole run, from the init's start
+//   reference <ns>                  the calibration's time on the host
 //   suite <name> <timeout> <cwd> [KEY=VALUE]... <argv0> [arg]...
 // Markers, each on a line of its own on the console:
-//   @@REMORA-GUEST-INIT uptime=<s> kernel=<release> sve=<0|1> sme=<0|1>@@
+//   @@REMORA-GUEST-INIT uptime=<s> kernel=<release> sve=<0|1> sme=<0|1>
+//     scale=<guest/host>@@
+//
+// The guest's speed. The tests' limits (their deadlines and watchdogs,
+// tests/harness) are written for the host; TCG runs the same work 10 to 50
+// times slower, and more on a slow or loaded host. So the init times a
+// fixed mix of what the suites do (arithmetic, system calls, context
+// switches through a pipe, forks: calibrate()) and divides by the same mix's
+// time on the host, which run_guest.py measures with this very file built
+// natively (`remora_guest_init --calibrate` prints it) just before the
+// boot. Every suite gets the ratio as REMORA_TEST_TIME_SCALE, which
+// stretches each of its deadlines; the suites' own guest deadlines
+// (suites.cmake) assume kSuiteDeadlineScale and stretch by what the guest
+// is slower than that.
 //   @@REMORA-GUEST-BEGIN <name>@@
 //   @@REMORA-GUEST-END <name> status=<exit|signal|timeout|notrun|error> code=<n> ms=<n>@@
 //   @@REMORA-GUEST-DONE ms=<n>@@
@@ -22,6 +36,7 @@
 #include <net/if.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +46,7 @@
 #include <sys/reboot.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,6 +60,10 @@
 #endif
 
 enum { kMaxFields = 128, kMaxManifest = 1 << 20 };
+
+// How much slower than the host suites.cmake's guest deadlines assume the
+// guest may be: they stretch only on a guest slower than that.
+static const double kSuiteDeadlineScale = 50.0;
 
 static const char* const kBaseEnv[] = {
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -84,6 +104,69 @@ static void say(const char* fmt, ...) {
     }
     off += (int)w;
   }
+}
+
+// --- calibration ---------------------------------------------------------------
+
+// One run of the calibration mix; returns its wall time in ns, or -1 when a
+// system call it needs failed. The same code runs natively on the host
+// (--calibrate) and here: only their ratio means anything.
+static long long calibrate(void) {
+  enum { kMix = 2000000, kSyscalls = 20000, kRoundTrips = 2000, kForks = 50 };
+  double t0 = now_s();
+  volatile uint64_t sink = 0;
+  uint64_t a = 0x9e3779b97f4a7c15ULL, b = ~a;
+  for (int i = 0; i < kMix; ++i) {
+    a = (a ^ (a << 13)) + b;
+    b = (b >> 7) ^ (a * 0x2545f4914f6cdd1dULL);
+  }
+  sink = a ^ b;
+  for (int i = 0; i < kSyscalls; ++i) sink += (uint64_t)syscall(SYS_getppid);
+  (void)sink;
+  // Context switches: a byte to a child and back, through two pipes.
+  int down[2], up[2];
+  if (pipe(down) != 0) return -1;
+  if (pipe(up) != 0) {
+    close(down[0]);
+    close(down[1]);
+    return -1;
+  }
+  pid_t child = fork();
+  if (child == 0) {
+    close(down[1]);
+    close(up[0]);
+    char c;
+    while (read(down[0], &c, 1) == 1 && write(up[1], &c, 1) == 1) {
+    }
+    _exit(0);
+  }
+  close(down[0]);
+  close(up[1]);
+  int ok = child > 0;
+  for (int i = 0; ok && i < kRoundTrips; ++i) {
+    char c = (char)i;
+    ok = write(down[1], &c, 1) == 1 && read(up[0], &c, 1) == 1;
+  }
+  close(down[1]);  // the child reads EOF and exits
+  close(up[0]);
+  if (child > 0) waitpid(child, NULL, 0);
+  for (int i = 0; ok && i < kForks; ++i) {
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    ok = p > 0 && waitpid(p, NULL, 0) == p;
+  }
+  return ok ? (long long)((now_s() - t0) * 1e9) : -1;
+}
+
+// The fastest of `runs` runs: what the machine can do, not what a neighbour
+// took from it meanwhile.
+static long long calibrate_best(int runs) {
+  long long best = -1;
+  for (int i = 0; i < runs; ++i) {
+    long long ns = calibrate();
+    if (ns > 0 && (best < 0 || ns < best)) best = ns;
+  }
+  return best;
 }
 
 static void power_off(void) {
@@ -160,7 +243,7 @@ static void loopback_up(void) {
   close(fd);
 }
 
-static void print_init_marker(void) {
+static void print_init_marker(double scale) {
   char uptime[64] = "?";
   int fd = open("/proc/uptime", O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
@@ -172,8 +255,8 @@ static void print_init_marker(void) {
   }
   struct utsname u;
   if (uname(&u) != 0) strcpy(u.release, "?");
-  say("\n@@REMORA-GUEST-INIT uptime=%s kernel=%s sve=%d sme=%d@@\n", uptime, u.release,
-      (getauxval(AT_HWCAP) & HWCAP_SVE) != 0, (getauxval(AT_HWCAP2) & HWCAP2_SME) != 0);
+  say("\n@@REMORA-GUEST-INIT uptime=%s kernel=%s sve=%d sme=%d scale=%.2f@@\n", uptime, u.release,
+      (getauxval(AT_HWCAP) & HWCAP_SVE) != 0, (getauxval(AT_HWCAP2) & HWCAP2_SME) != 0, scale);
 }
 
 // Reaps every child (PID 1 inherits the suites' orphans) until `pid` exits
@@ -224,7 +307,7 @@ static int is_env_item(const char* s) {
 
 // The child's side: its own session (so that one kill reaches everything it
 // started), stdin from /dev/null, the base environment and its own items.
-static void exec_suite(const char* cwd, char** env_items, int n_env, char** argv) {
+static void exec_suite(const char* cwd, char** env_items, int n_env, char** argv, const char* scale_item) {
   setsid();
   sigset_t none;
   sigemptyset(&none);
@@ -241,8 +324,11 @@ static void exec_suite(const char* cwd, char** env_items, int n_env, char** argv
   }
   char* envp[kMaxFields + 16];
   int n = 0;
-  for (size_t i = 0; i < sizeof kBaseEnv / sizeof kBaseEnv[0]; ++i) envp[n++] = (char*)kBaseEnv[i];
+  // The suite's own items first: getenv finds the first of two, and a
+  // suite's REMORA_TEST_TIME_SCALE overrides the measured one.
   for (int i = 0; i < n_env; ++i) envp[n++] = env_items[i];
+  for (size_t i = 0; i < sizeof kBaseEnv / sizeof kBaseEnv[0]; ++i) envp[n++] = (char*)kBaseEnv[i];
+  envp[n++] = (char*)scale_item;
   envp[n] = NULL;
   execve(argv[0], argv, envp);
   say("guest init: exec %s: %s (is it, and its loader, in the initramfs?)\n", argv[0], strerror(errno));
@@ -251,7 +337,7 @@ static void exec_suite(const char* cwd, char** env_items, int n_env, char** argv
 
 // Runs one manifest "suite" line (fields after "suite"), bounded by its own
 // timeout and by the global deadline.
-static void run_suite(char** f, int n, double global_deadline) {
+static void run_suite(char** f, int n, double global_deadline, double scale) {
   const char* name = f[0];
   if (n < 4) {
     say("\n@@REMORA-GUEST-BEGIN %s@@\nguest init: manifest line too short\n", name);
@@ -264,6 +350,7 @@ static void run_suite(char** f, int n, double global_deadline) {
     return;
   }
   double timeout = atof(f[1]);
+  if (scale > kSuiteDeadlineScale) timeout *= scale / kSuiteDeadlineScale;
   if (timeout <= 0 || timeout > left) timeout = left;
   int n_env = 0;
   while (3 + n_env < n - 1 && is_env_item(f[3 + n_env])) ++n_env;
@@ -278,7 +365,9 @@ static void run_suite(char** f, int n, double global_deadline) {
     say("\n@@REMORA-GUEST-END %s status=error code=%d ms=0@@\n", name, errno);
     return;
   }
-  if (pid == 0) exec_suite(f[2], &f[3], n_env, argv);
+  char scale_item[64];
+  snprintf(scale_item, sizeof scale_item, "REMORA_TEST_TIME_SCALE=%.2f", scale);
+  if (pid == 0) exec_suite(f[2], &f[3], n_env, argv, scale_item);
 
   int status = 0;
   int exited = wait_until(pid, start + timeout, &status);
@@ -332,8 +421,15 @@ static char* read_manifest(const char* path) {
   return buf;
 }
 
-int main(void) {
+int main(int argc, char** argv) {
   g_start = now_s();
+  // Built natively, on the host: its half of the speed ratio.
+  if (argc == 2 && strcmp(argv[1], "--calibrate") == 0) {
+    long long ns = calibrate_best(5);
+    if (ns <= 0) return 1;
+    printf("%lld\n", ns);
+    return 0;
+  }
   // SIGCHLD is waited for (sigtimedwait), never delivered.
   sigset_t chld;
   sigemptyset(&chld);
@@ -347,20 +443,38 @@ int main(void) {
   mount_all();
   ensure_console();
   loopback_up();
-  print_init_marker();
 
   char* manifest = read_manifest("/guest/manifest");
-  if (!manifest) power_off();
+  if (!manifest) {
+    print_init_marker(1.0);
+    power_off();
+  }
   double deadline = g_start + 600;
-  // First pass: the deadline, which bounds everything after it.
+  double reference_ns = 0;
+  // First pass: the deadline, which bounds everything after it, and the
+  // host's calibration.
   for (char* line = manifest; line && *line;) {
     if (strncmp(line, "deadline\t", 9) == 0) {
       deadline = g_start + atof(line + 9);
       alarm((unsigned)(deadline - g_start) + 15);
+    } else if (strncmp(line, "reference\t", 10) == 0) {
+      reference_ns = atof(line + 10);
     }
     char* nl = strchr(line, '\n');
     line = nl ? nl + 1 : NULL;
   }
+  // Without the host's half the limits stay as written (scale 1) and the
+  // init says so; a guest is never taken for faster than its host.
+  double scale = 1.0;
+  long long guest_ns = reference_ns > 0 ? calibrate_best(2) : -1;
+  if (guest_ns > 0 && guest_ns > reference_ns) scale = (double)guest_ns / reference_ns;
+  if (scale > 1000) scale = 1000;
+  if (reference_ns <= 0)
+    say("guest init: no host calibration in the manifest: the tests' limits are not scaled\n");
+  else
+    say("guest init: calibration %.1f ms here, %.1f ms on the host: limits x%.2f\n", (double)guest_ns / 1e6,
+        reference_ns / 1e6, scale);
+  print_init_marker(scale);
   install_busybox(deadline);
 
   for (char* line = manifest; line && *line;) {
@@ -369,7 +483,7 @@ int main(void) {
     if (strncmp(line, "suite\t", 6) == 0) {
       char* fields[kMaxFields + 1];
       int n = split_fields(line + 6, fields, kMaxFields);
-      run_suite(fields, n, deadline);
+      run_suite(fields, n, deadline, scale);
     }
     line = nl ? nl + 1 : NULL;
   }

@@ -413,14 +413,42 @@ ETC_FILES = {
 }
 
 
-def guest_manifest(manifest, deadline):
+def host_calibration(cache):
+    """The calibration's time on this host, in ns (guest_init.c's
+    calibrate(), built natively: `--calibrate` runs it five times and prints
+    the fastest); None, with the reason printed, when it cannot be built or
+    run. The guest divides its own time by it: the factor that stretches the
+    tests' limits there (REMORA_TEST_TIME_SCALE)."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guest_init.c")
+    exe = os.path.join(cache, "host-calibrate")
+    try:
+        if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(source):
+            r = run_quiet(["cc", "-O2", "-o", exe + ".part", source], timeout=120)
+            if r.returncode != 0:
+                log(f"warning: cannot build the host calibration ({source}): {r.stdout.strip()}")
+                return None
+            os.replace(exe + ".part", exe)
+        r = run_quiet([exe, "--calibrate"], timeout=120)
+        ns = int(r.stdout.strip()) if r.returncode == 0 else 0
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        log(f"warning: the host calibration failed: {e}")
+        return None
+    if ns <= 0:
+        log(f"warning: the host calibration failed: {r.stdout.strip()}")
+        return None
+    return ns
+
+
+def guest_manifest(manifest, deadline, reference_ns=None):
     lines = [f"deadline\t{deadline}"]
+    if reference_ns:
+        lines.append(f"reference\t{reference_ns}")
     for s in manifest["suites"]:
         lines.append("\t".join(["suite", s["name"], str(s["timeout"]), s["cwd"]] + s["rest"]))
     return ("\n".join(lines) + "\n").encode()
 
 
-def build_initramfs(path, builddir, manifest, init, busybox, deadline, compress):
+def build_initramfs(path, builddir, manifest, init, busybox, deadline, compress, reference_ns=None):
     files, links, missing = collect(builddir, manifest)
     raw = gzip.open(path, "wb", compresslevel=1) if compress else open(path, "wb")
     with raw as out:
@@ -439,7 +467,7 @@ def build_initramfs(path, builddir, manifest, init, busybox, deadline, compress)
         c.node("/dev/console", stat.S_IFCHR | 0o600, 5, 1)
         c.node("/dev/null", stat.S_IFCHR | 0o666, 1, 3)
         c.file("/init", init)
-        c.data("/guest/manifest", guest_manifest(manifest, deadline))
+        c.data("/guest/manifest", guest_manifest(manifest, deadline, reference_ns))
         for p, text in ETC_FILES.items():
             c.data(p, text.encode())
         if busybox:
@@ -621,8 +649,13 @@ def run(args):
 
     guest_deadline = args.guest_deadline or max(30, args.deadline - BOOT_ALLOWANCE_S)
     initrd = os.path.join(builddir, "guest", "initramfs.cpio" + (".gz" if args.gzip else ""))
+    reference_ns = host_calibration(cache)
+    if reference_ns:
+        log(f"host calibration: {reference_ns / 1e6:.1f} ms (the guest scales the tests' limits by its own "
+            "time over this)")
     t0 = time.monotonic()
-    size, count, missing = build_initramfs(initrd, builddir, manifest, init, busybox, guest_deadline, args.gzip)
+    size, count, missing = build_initramfs(initrd, builddir, manifest, init, busybox, guest_deadline, args.gzip,
+                                           reference_ns)
     pack_s = time.monotonic() - t0
     log(f"initramfs: {initrd}: {size / 1e6:.1f} MB before compression, "
         f"{os.path.getsize(initrd) / 1e6:.1f} MB on disk, {count} files, written in {pack_s:.1f} s")

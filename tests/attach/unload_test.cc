@@ -339,7 +339,9 @@ void run_unload_cycles(TargetProcess& target, HookLog& log) {
   Controller c;
   std::vector<std::string> after_first;
   const auto t0 = Clock::now();
+  Clock::duration slowest{};
   for (int i = 0; i < unload_cycles(); ++i) {
+    const auto c0 = Clock::now();
     auto r = c.attach(pid, options_for(log));
     ASSERT_TRUE(r.ok()) << "cycle " << i << ": " << describe(r.error()) << "\n" << describe_tasks(pid);
     ASSERT_TRUE(r->agent_loaded_now) << "cycle " << i;
@@ -347,10 +349,16 @@ void run_unload_cycles(TargetProcess& target, HookLog& log) {
     ASSERT_TRUE(u.ok()) << "cycle " << i << ": " << describe(u.error()) << "\n" << describe_tasks(pid);
     ASSERT_TRUE(u->unloaded) << "cycle " << i;
     if (i == 0) after_first = maps_lines(pid);
+    // A cycle finished: the watchdog bounds each cycle, not the test, so a
+    // slow machine (the aarch64 guest) is not taken for a hang.
+    note_progress();
+    slowest = std::max(slowest, Clock::now() - c0);
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-  std::printf("[unload] %d load/attach/detach/unload cycles in %lld ms (%.2f ms per cycle)\n",
-              unload_cycles(), static_cast<long long>(ms), static_cast<double>(ms) / unload_cycles());
+  std::printf("[unload] %s: %d load/attach/detach/unload cycles in %lld ms (%.2f ms per cycle, slowest %.2f ms)\n",
+              target.process().name().c_str(), unload_cycles(), static_cast<long long>(ms),
+              static_cast<double>(ms) / unload_cycles(),
+              std::chrono::duration<double, std::milli>(slowest).count());
   auto now = maps_lines(pid);
   EXPECT_EQ(now.size(), after_first.size()) << maps_diff(after_first, now);
   EXPECT_EQ(remora_lines(now), V{}) << joined(remora_lines(now));

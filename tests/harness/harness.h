@@ -42,7 +42,18 @@ namespace remora::test {
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
-inline Deadline after(std::chrono::milliseconds d) { return Clock::now() + d; }
+
+// How much slower than the machine the tests' limits were written for this
+// one is: REMORA_TEST_TIME_SCALE, a factor >= 1 (1 when unset or invalid).
+// The aarch64 guest's init measures it (tests/aarch64/guest_init.c: a
+// calibration run there against the same run on the host that boots it) and
+// sets it for every suite, so that an emulator's slowness stretches every
+// deadline instead of failing a test. Read once.
+double time_scale();
+// `d` stretched by time_scale().
+std::chrono::milliseconds scaled(std::chrono::milliseconds d);
+// Every deadline of the tests: `d` from now, scaled (time_scale()).
+inline Deadline after(std::chrono::milliseconds d) { return Clock::now() + scaled(d); }
 
 class HarnessError : public std::runtime_error {
  public:
@@ -179,9 +190,13 @@ class SignalStorm {
 };
 
 // ---------------------------------------------------------------------------
-// Watchdog: if not destroyed within `limit`, prints the stacks (wchan,
+// Watchdog: reports a hang, not a slow machine. If `limit` (scaled by
+// time_scale()) passes with no progress, it prints the stacks (wchan,
 // syscall, /proc stack) of every live Spawned child and of the test process
-// to stderr, SIGKILLs every Spawned process group, and aborts.
+// to stderr, SIGKILLs every Spawned process group, and aborts. Progress is
+// note_progress(): a test that repeats a step (load/unload cycles) calls it
+// after each one, and then the limit bounds one step, not all of them; a
+// test that never calls it gets `limit` for the whole of it.
 class Watchdog {
  public:
   Watchdog(std::chrono::seconds limit, std::string what);
@@ -195,10 +210,15 @@ class Watchdog {
   std::thread thread_;
 };
 
+// One step of the running test is done: every live Watchdog's limit counts
+// again from now. Any thread may call it.
+void note_progress();
+
 // Fixture: a watchdog per test (watchdog_seconds(), 60 s unless a fixture
-// says otherwise; REMORA_TEST_WATCHDOG_S overrides) and SIGPIPE ignored (a
-// dead target must not kill the test). Keep the ctest TIMEOUT above it, so
-// the watchdog's stack dump is what a hung test leaves behind.
+// says otherwise; REMORA_TEST_WATCHDOG_S overrides; either is scaled by
+// time_scale()) and SIGPIPE ignored (a dead target must not kill the test).
+// Keep the ctest TIMEOUT above it, so the watchdog's stack dump is what a
+// hung test leaves behind.
 class IntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override;
