@@ -52,6 +52,7 @@
 
 #include "own_memory.h"
 #include "slots.h"
+#include "wrappers.h"
 
 namespace remora_tool {
 
@@ -80,6 +81,10 @@ void capture(SampleRec& r, const Slot& s, const ucontext_t* uc) {
 }
 
 void handler(int, siginfo_t* si, void* ucv) {
+  // Counted in: a handler still running after the detach keeps the tool
+  // mapped (tool.cc, tool_fini).
+  remora_inside_stripe* in = remora_inside_mine();
+  remora_inside_enter(in);
   int saved_errno = errno;
   // Only our timers: a signal sent by kill() or sigqueue() is not a sample.
   if (si->si_code == SI_TIMER) {
@@ -107,6 +112,7 @@ void handler(int, siginfo_t* si, void* ucv) {
     }
   }
   errno = saved_errno;
+  remora_inside_leave(in);
 }
 
 bool thread_blocks(int32_t tid, int sig) {

@@ -167,4 +167,13 @@ void session_stop_and_quiesce() {
   }
 }
 
+void release_slot_memory() {
+  for (auto& s : g_slots) {
+    s.ready.store(0, std::memory_order_relaxed);
+    s.tid.store(0, std::memory_order_relaxed);
+    if (s.mem != nullptr) munmap(s.mem, sizeof(SlotMem));
+    s.mem = nullptr;
+  }
+}
+
 }  // namespace remora_tool

@@ -81,8 +81,9 @@ struct FuncCounters {
   std::atomic<uint64_t> max_ns;
 };
 
-// One mmap'ed block per slot, kept across sessions (never unmapped: a thread
-// still inside a wrapper when the session ends must find valid memory).
+// One mmap'ed block per slot, kept across sessions (unmapped only when the
+// tool is unloaded: a thread still inside a wrapper when a session ends must
+// find valid memory).
 struct SlotMem {
   std::atomic<uint64_t> sample_head;
   std::atomic<uint64_t> sample_tail;
@@ -133,6 +134,9 @@ inline void slot_leave(Slot* s) { s->busy.fetch_sub(1, std::memory_order_release
 // Session boundaries, called on the listener thread only.
 void session_begin();             // reset the table, bump gen, set active
 void session_stop_and_quiesce();  // clear active, wait for producers to leave
+// Unmaps every slot's memory. Only once no producer can run again: the
+// handler and the wrappers are gone and none is inside (tool.cc, tool_fini).
+void release_slot_memory();
 
 uint64_t now_ns();  // CLOCK_MONOTONIC, via the vDSO
 

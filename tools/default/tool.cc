@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -74,8 +75,13 @@ struct Tool {
   std::mutex mu;  // state below, between the collector and attach/detach/fork
   bool attached = false;
   bool collector_running = false;
+  bool collector_detached = false;  // left running at process exit, never joined
   bool in_fork_child = false;
   pthread_t collector{};
+  // The collector runs on a stack of our own, unmapped once it is joined:
+  // glibc would keep a stack of its own making in its cache for good, one
+  // mapping more in the process after an unload.
+  void* collector_stack = nullptr;
   int32_t collector_tid = 0;
   int wake_fd = -1;
   std::atomic<bool> stop{false};
@@ -102,7 +108,23 @@ struct Tool {
   Unwinder unwinder;
 };
 
-Tool* g_tool = nullptr;  // created in remora_configure, never freed (wrappers may outlive everything)
+// Created in remora_configure; freed by tool_fini once no thread can be in
+// the tool's code any more (release_for_unload).
+Tool* g_tool = nullptr;
+
+constexpr size_t kCollectorStack = 256 * 1024;
+
+// Descriptors that libunwind opened for itself while the Tool was made (its
+// memory-validation pipe, opened once per process by its first address
+// space): closed at tool_fini, since libunwind leaves with us and has no
+// destructor that would close them.
+struct OwnedFd {
+  int fd;
+  dev_t dev;
+  ino_t ino;
+};
+OwnedFd g_unwind_fds[4];
+int g_unwind_fd_count = 0;
 
 void log_error(const std::string& msg) {
   // The target's stderr is the only channel a failed attach has besides its
@@ -393,9 +415,17 @@ bool start_collector(Tool& t) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);  // the thread inherits "everything blocked"
+  if (t.collector_stack == nullptr) {
+    void* p = mmap(nullptr, kCollectorStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+                   -1, 0);
+    t.collector_stack = p == MAP_FAILED ? nullptr : p;
+  }
   pthread_attr_t attr;
   pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
+  if (t.collector_stack != nullptr)
+    pthread_attr_setstack(&attr, t.collector_stack, kCollectorStack);
+  else
+    pthread_attr_setstacksize(&attr, kCollectorStack);
   int rc = pthread_create(&t.collector, &attr, collector_main, &t);
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -408,16 +438,21 @@ void stop_collector(Tool& t, bool join) {
   t.stop.store(true, std::memory_order_release);
   uint64_t one = 1;
   (void)!write(t.wake_fd, &one, sizeof one);
-  if (join)
+  if (join) {
     pthread_join(t.collector, nullptr);
-  else
+    // The thread is gone (pthread_join waits for the kernel's clear of its
+    // tid): nobody runs on its stack any more.
+    if (t.collector_stack != nullptr) munmap(t.collector_stack, kCollectorStack);
+    t.collector_stack = nullptr;
+  } else {
     pthread_detach(t.collector);
+    t.collector_detached = true;  // may still run: nothing it uses can be freed (release_for_unload)
+  }
   t.collector_running = false;
 }
 
-// Keeps the tool mapped forever once it has patched anything or installed a
-// handler: the agent never dlcloses an attached tool, but it does dlclose
-// after a failed first attach, and a thread may still be inside a wrapper.
+// Keeps the tool mapped for the rest of the process: only where a thread may
+// still be in its code when the agent dlcloses it (release_for_unload).
 void pin_self() {
   Dl_info info;
   if (dladdr(reinterpret_cast<void*>(&pin_self), &info) != 0 && info.dli_fname != nullptr)
@@ -459,8 +494,10 @@ std::string safe_comm(const std::string& comm) {
 }
 
 // A new directory for this process and session; never an existing one.
-std::string make_session_dir(const Profile& p, const std::string& root, std::string* error) {
-  if (!make_dirs(root, error)) return "";
+// With an output descriptor only its name (nothing is made).
+std::string make_session_dir(const Profile& p, const std::string& root, std::string* error,
+                             bool name_only = false) {
+  if (!name_only && !make_dirs(root, error)) return "";
   time_t now = time(nullptr);
   struct tm tm;
   localtime_r(&now, &tm);
@@ -468,6 +505,7 @@ std::string make_session_dir(const Profile& p, const std::string& root, std::str
   strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
   std::string base = root + "/" + safe_comm(p.comm) + "-" + std::to_string(p.pid) + "-s" +
                      std::to_string(p.session) + "-" + stamp;
+  if (name_only) return base;
   for (int i = 1; i < 1000; ++i) {
     std::string dir = i == 1 ? base : base + "-" + std::to_string(i);
     if (mkdir(dir.c_str(), 0755) == 0) return dir;
@@ -487,7 +525,11 @@ std::string make_session_dir(const Profile& p, const std::string& root, std::str
 int write_outputs(Tool& t, uint64_t detach_cpu_start) {
   Profile& p = t.profile;
   std::string error;
-  std::string dir = t.session_dir.empty() ? make_session_dir(p, t.cfg.output_path, &error) : t.session_dir;
+  std::string dir = t.session_dir;
+  if (dir.empty() && t.cfg.output_fd >= 0)  // a forked child: the descriptor was the parent's
+    error = "a process forked during a session written into memory has no output of its own";
+  else if (dir.empty())
+    dir = make_session_dir(p, t.cfg.output_path, &error);
   t.session_dir.clear();
   if (dir.empty()) {
     t.spool.discard();
@@ -499,8 +541,10 @@ int write_outputs(Tool& t, uint64_t detach_cpu_start) {
   // <comm>-<pid>-latest -> the newest session directory of this process.
   std::string link = t.cfg.output_path + "/" + safe_comm(p.comm) + "-" + std::to_string(p.pid) + "-latest";
   std::string tmp = link + ".tmp";
-  unlink(tmp.c_str());
-  if (symlink(dir.substr(dir.rfind('/') + 1).c_str(), tmp.c_str()) == 0) rename(tmp.c_str(), link.c_str());
+  if (t.cfg.output_fd < 0) {  // in memory: no directory to link in
+    unlink(tmp.c_str());
+    if (symlink(dir.substr(dir.rfind('/') + 1).c_str(), tmp.c_str()) == 0) rename(tmp.c_str(), link.c_str());
+  }
   if (!ok) {
     log_error("detach: " + error);
     return kErrWrite;
@@ -569,11 +613,88 @@ int do_detach(Tool& t, bool join) {
 
 int tool_init(void*) { return 0; }
 
+// The fds libunwind opens for itself while the Tool (its Unwinder) is made:
+// the descriptors that appear meanwhile and are pipes.
+bool fd_identity(int fd, dev_t* dev, ino_t* ino, bool* fifo) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+  *fifo = S_ISFIFO(st.st_mode);
+  return true;
+}
+
+std::vector<int32_t> open_fds() {
+  std::vector<int32_t> out;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return out;
+  const int own = dirfd(d);  // the listing's own descriptor, gone after it
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && atoi(e->d_name) != own) out.push_back(atoi(e->d_name));
+  closedir(d);
+  return out;
+}
+
+void note_new_pipes(const std::vector<int32_t>& before) {
+  for (int fd : open_fds()) {
+    if (std::find(before.begin(), before.end(), fd) != before.end()) continue;
+    OwnedFd o{fd, 0, 0};
+    bool fifo = false;
+    if (g_unwind_fd_count < 4 && fd_identity(fd, &o.dev, &o.ino, &fifo) && fifo) g_unwind_fds[g_unwind_fd_count++] = o;
+  }
+}
+
+void close_unwind_fds() {
+  for (int i = 0; i < g_unwind_fd_count; ++i) {
+    dev_t dev;
+    ino_t ino;
+    bool fifo;
+    // Only if the number is still libunwind's pipe.
+    if (fd_identity(g_unwind_fds[i].fd, &dev, &ino, &fifo) && dev == g_unwind_fds[i].dev &&
+        ino == g_unwind_fds[i].ino)
+      close(g_unwind_fds[i].fd);
+  }
+  g_unwind_fd_count = 0;
+}
+
+// Gives back everything the tool holds in the process (descriptors,
+// mappings, the heap it uses), so that the agent's dlclose leaves nothing
+// behind; or, where a thread may still be in the tool's code, keeps the tool
+// mapped instead. Code of ours a thread can still be in after a detach: a
+// wrapper (a thread blocked in read() returns into it), the sampling
+// handler (a signal delivered just before the timers went); both count
+// themselves (remora_inside). A short wait lets calls about to return
+// return; a thread blocked for longer keeps the tool (the agent then names
+// it as kept). At process exit it waits as long, and only where a thread is
+// inside.
+void release_for_unload(Tool& t) {
+  if (t.collector_detached) return;  // process exit with the collector running: it uses everything
+  // A second: a call in flight at the detach (a read fed every few
+  // milliseconds, a short sleep) returns well within it, on a loaded
+  // machine too; the agent's unload allows 10 s per step.
+  const uint64_t deadline = now_ns() + 1000000000ull;
+  struct timespec pause = {0, 1000000};
+  while (remora_inside_count() != 0 && now_ns() < deadline) nanosleep(&pause, nullptr);
+  if (long inside = remora_inside_count(); inside != 0) {
+    pin_self();
+    log_error("the tool stays loaded: " + std::to_string(inside) +
+              " thread(s) are still inside its call wrappers (blocked in a traced call made while attached)");
+    return;
+  }
+  if (t.wake_fd >= 0) close(t.wake_fd);
+  t.wake_fd = -1;
+  release_slot_memory();
+  close_unwind_fds();
+  g_tool = nullptr;  // the fork handlers do nothing from here until the dlclose removes them
+  delete &t;
+}
+
 void tool_fini(void* data) {
   auto* t = static_cast<Tool*>(data);
   // remora/tool.h: tool_fini must not wait for threads. The agent detaches
   // before calling us; this covers a host that did not.
   if (t->attached) do_detach(*t, /*join=*/false);
+  release_for_unload(*t);
 }
 
 int tool_attach(void* data, const remora_tool_info_t* info) {
@@ -590,11 +711,10 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
     log_error("attach: " + error + " (see docs/tool.md)");
     return kErrConfig;
   }
-  if (!make_dirs(cfg.output_path, &error)) {
+  if (cfg.output_fd < 0 && !make_dirs(cfg.output_path, &error)) {
     log_error("attach: REMORA_OUTPUT_PATH: " + error);
     return kErrOutputPath;
   }
-  pin_self();
   t.cfg = cfg;
   Profile& p = t.profile;
   p = Profile();
@@ -610,8 +730,9 @@ int tool_attach(void* data, const remora_tool_info_t* info) {
   p.fold_threads = cfg.fold_threads;
   p.fn_names.clear();
   for (unsigned i = 0; i < remora_fn_count; ++i) p.fn_names.push_back(remora_fn_table[i].reported_as);
-  t.session_dir = make_session_dir(p, cfg.output_path, &error);
-  if (t.session_dir.empty() || !t.spool.open(t.session_dir, &error)) {
+  t.session_dir = make_session_dir(p, cfg.output_path, &error, cfg.output_fd >= 0);
+  if (t.session_dir.empty() || !(cfg.output_fd >= 0 ? t.spool.open_fd(cfg.output_fd, t.session_dir, &error)
+                                                    : t.spool.open(t.session_dir, &error))) {
     if (!t.session_dir.empty()) rmdir(t.session_dir.c_str());
     t.session_dir.clear();
     log_error("attach: REMORA_OUTPUT_PATH: " + error);
@@ -749,7 +870,12 @@ using namespace remora_tool;
 
 REMORA_TOOL_EXPORT remora_tool_configure_result_t* remora_configure(uint32_t, const remora_tool_info_t*) {
   if (g_tool == nullptr) {
+    std::vector<int32_t> fds = open_fds();
     g_tool = new Tool();
+    note_new_pipes(fds);
+    // Registered with this object's __dso_handle (libc_nonshared's
+    // pthread_atfork): __cxa_finalize, run by our dlclose, unregisters them
+    // (glibc's UNREGISTER_ATFORK), so they never outlive the tool.
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   }
   g_conf.tool_data = g_tool;

@@ -16,10 +16,11 @@
  *
  * A wrapper never allocates, locks or touches errno as seen by its caller;
  * remora_record_call is async-signal-safe (wrapped calls may come from an
- * application's signal handler). The wrappers stay valid forever: the tool
- * pins itself in memory (RTLD_NODELETE) before patching anything, because a
- * thread may still be inside a wrapper, blocked in read(), when the session
- * ends. */
+ * application's signal handler). A thread may still be inside a wrapper,
+ * blocked in read(), when the session ends and the GOT is restored: every
+ * wrapper counts itself in and out (remora_inside, wrappers.h), and the tool
+ * is unloaded only once no thread is inside; else it pins itself in memory
+ * at tool_fini (tool.cc). */
 #define _GNU_SOURCE
 #include "wrappers.h"
 
@@ -69,6 +70,13 @@ enum {
 };
 
 void* remora_fn_real[REMORA_FN_COUNT_];
+struct remora_inside_stripe remora_inside[REMORA_INSIDE_STRIPES];
+
+long remora_inside_count(void) {
+  long n = 0;
+  for (unsigned i = 0; i < REMORA_INSIDE_STRIPES; ++i) n += __atomic_load_n(&remora_inside[i].n, __ATOMIC_SEQ_CST);
+  return n;
+}
 
 static inline uint64_t clock_ns(void) {
   struct timespec ts;
@@ -83,11 +91,14 @@ static inline uint64_t clock_ns(void) {
   static ret wrap_##sym params {                                                               \
     __typeof__(sym)* real =                                                                    \
         (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], __ATOMIC_RELAXED); \
+    struct remora_inside_stripe* in = remora_inside_mine();                                    \
+    remora_inside_enter(in);                                                                   \
     uint64_t t0 = clock_ns();                                                                  \
     ret remora_result_ = real args;                                                            \
     int saved = errno;                                                                         \
     remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                       \
     errno = saved;                                                                             \
+    remora_inside_leave(in);                                                                   \
     return remora_result_;                                                                     \
   }                                                                                            \
   /* The compiler checks the prototype against the C library's declaration. */                 \
@@ -96,11 +107,14 @@ static inline uint64_t clock_ns(void) {
   static void wrap_##sym params {                                                              \
     __typeof__(sym)* real =                                                                    \
         (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], __ATOMIC_RELAXED); \
+    struct remora_inside_stripe* in = remora_inside_mine();                                    \
+    remora_inside_enter(in);                                                                   \
     uint64_t t0 = clock_ns();                                                                  \
     real args;                                                                                 \
     int saved = errno;                                                                         \
     remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                       \
     errno = saved;                                                                             \
+    remora_inside_leave(in);                                                                   \
   }                                                                                            \
   static __typeof__(sym)* const check_##sym __attribute__((unused)) = wrap_##sym;
 /* A mutex that is free costs no wait, and tracing every uncontended
@@ -111,8 +125,13 @@ static inline uint64_t clock_ns(void) {
  * unrecoverable robust mutex; only EBUSY goes on to the timed real call. */
 #define FNL(sym, as, def, ret, params, args)                                                   \
   static ret wrap_##sym params {                                                               \
+    struct remora_inside_stripe* in = remora_inside_mine();                                    \
+    remora_inside_enter(in);                                                                   \
     int remora_try_ = pthread_mutex_trylock args;                                              \
-    if (remora_try_ != EBUSY) return remora_try_;                                              \
+    if (remora_try_ != EBUSY) {                                                                \
+      remora_inside_leave(in);                                                                 \
+      return remora_try_;                                                                      \
+    }                                                                                          \
     __typeof__(sym)* real =                                                                    \
         (__typeof__(sym)*)__atomic_load_n(&remora_fn_real[REMORA_FN_##sym], __ATOMIC_RELAXED); \
     uint64_t t0 = clock_ns();                                                                  \
@@ -120,6 +139,7 @@ static inline uint64_t clock_ns(void) {
     int saved = errno;                                                                         \
     remora_record_call(REMORA_FN_##sym, t0, clock_ns());                                       \
     errno = saved;                                                                             \
+    remora_inside_leave(in);                                                                   \
     return remora_result_;                                                                     \
   }                                                                                            \
   static __typeof__(sym)* const check_##sym __attribute__((unused)) = wrap_##sym;
@@ -142,11 +162,14 @@ static int wrap_open(const char* path, int flags, ...) {
   }
   __typeof__(open)* real =
       (__typeof__(open)*)__atomic_load_n(&remora_fn_real[REMORA_FN_open], __ATOMIC_RELAXED);
+  struct remora_inside_stripe* in = remora_inside_mine();
+  remora_inside_enter(in);
   uint64_t t0 = clock_ns();
   int r = real(path, flags, mode);
   int saved = errno;
   remora_record_call(REMORA_FN_open, t0, clock_ns());
   errno = saved;
+  remora_inside_leave(in);
   return r;
 }
 static __typeof__(open)* const check_open __attribute__((unused)) = wrap_open;
@@ -161,11 +184,14 @@ static int wrap_openat(int dir, const char* path, int flags, ...) {
   }
   __typeof__(openat)* real =
       (__typeof__(openat)*)__atomic_load_n(&remora_fn_real[REMORA_FN_openat], __ATOMIC_RELAXED);
+  struct remora_inside_stripe* in = remora_inside_mine();
+  remora_inside_enter(in);
   uint64_t t0 = clock_ns();
   int r = real(dir, path, flags, mode);
   int saved = errno;
   remora_record_call(REMORA_FN_openat, t0, clock_ns());
   errno = saved;
+  remora_inside_leave(in);
   return r;
 }
 static __typeof__(openat)* const check_openat __attribute__((unused)) = wrap_openat;

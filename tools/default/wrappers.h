@@ -26,6 +26,31 @@ extern void* remora_fn_real[];
 /* Called by a wrapper after the real call returned. Async-signal-safe. */
 void remora_record_call(uint32_t fn, uint64_t start_ns, uint64_t end_ns);
 
+/* Threads inside the tool's code that can outlive a detach: a wrapper (a
+ * thread blocked in read() returns into it) and the sampling handler. The
+ * tool may only be unmapped once none is left (tool.cc, tool_fini), so each
+ * counts itself in and out. Striped by thread so that threads on different
+ * CPUs do not share one cache line per traced call; a thread always uses the
+ * same stripe (its thread pointer never changes), so the sum of the stripes
+ * is the number of threads inside. */
+#define REMORA_INSIDE_STRIPES 64u
+struct remora_inside_stripe {
+  long n __attribute__((aligned(64)));
+};
+extern struct remora_inside_stripe remora_inside[REMORA_INSIDE_STRIPES];
+
+static inline struct remora_inside_stripe* remora_inside_mine(void) {
+  return &remora_inside[((uintptr_t)__builtin_thread_pointer() >> 12) % REMORA_INSIDE_STRIPES];
+}
+static inline void remora_inside_enter(struct remora_inside_stripe* s) {
+  __atomic_fetch_add(&s->n, 1, __ATOMIC_SEQ_CST);
+}
+static inline void remora_inside_leave(struct remora_inside_stripe* s) {
+  __atomic_fetch_sub(&s->n, 1, __ATOMIC_RELEASE);
+}
+/* The sum over the stripes (tool.cc). */
+long remora_inside_count(void);
+
 #ifdef __cplusplus
 }
 #endif
