@@ -361,7 +361,10 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
     regs[i] = cursor;
     cursor += (args[i].bytes.size() + 15) & ~uint64_t{15};
   }
-  return impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout);
+  impl_->data_args_end = cursor;
+  auto r = impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout);
+  impl_->data_args_end = 0;
+  return r;
 }
 
 Result<CallReport> Target::call_prepared(const Prepare& prepare, const CallOptions& opts) {
@@ -636,7 +639,15 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
   if (!gadgets && (!scratch || force_gadget)) gadgets = REMORA_TRY(find_gadgets());
   // Every request but the setup itself finds the scratch complete.
   const bool is_setup = !is_syscall && fn_or_nr == kSetupRequest;
-  if (!scratch && !is_setup) REMORA_TRY(ensure_scratch(tid, timeout));
+  if (!scratch && !is_setup) {
+    stack_refused = false;
+    auto made = ensure_scratch(tid, timeout);
+    // The thread asked for stands where no frame fits (its stack right
+    // above a guard): the scratch is made on another thread, and the
+    // call then runs on the scratch's own stack.
+    if (!made && stack_refused && tid != 0) made = ensure_scratch(0, timeout);
+    REMORA_TRY(std::move(made));
+  }
   if (tid == 0) {
     tid = REMORA_TRY(pick_thread());
   } else {
@@ -673,9 +684,15 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
 Result<CallReport> Target::Impl::transact(pid_t tid, bool is_syscall, uint64_t fn_or_nr,
                                           std::array<uint64_t, 6> args, const Deadline& deadline,
                                           std::span<const StackArg> on_stack, const Target::Prepare* then) {
-  forget_maps();  // what the call maps or unmaps
+  // What the call maps or unmaps makes the memo stale for later lookups;
+  // the call's own frame check may still use it (a thread's stack mappings
+  // do not move in the memo's few milliseconds).
+  if (maps_memo && Clock::now() - maps_memo_at < kMapsMemoAge) call_maps = std::move(maps_memo);
+  forget_maps();
   Transaction tx(*this, tid, deadline);
-  return tx.run(is_syscall, fn_or_nr, args, on_stack, then);
+  auto r = tx.run(is_syscall, fn_or_nr, args, on_stack, then);
+  call_maps.reset();
+  return r;
 }
 
 }  // namespace remora::remote

@@ -26,6 +26,7 @@
 #include "remote/memory.h"
 #include "remote/scratch.h"
 #include "remote/seccomp.h"
+#include "remote/stack_room.h"
 #include "remote/target.h"
 
 namespace remora::remote {
@@ -109,6 +110,16 @@ struct Target::Impl {
     maps_memo_at = Clock::now();
   }
   void forget_maps() { maps_memo.reset(); }
+  // The frame check of a call (Transaction::place_frame): stack ranges
+  // judged safe before, and the maps memo that transact() hands the call
+  // when a lookup just read them (none: the check reads them if it must).
+  StackRanges safe_stacks;
+  std::optional<std::vector<procfs::MapEntry>> call_maps;
+  // The end of the byte arguments Target::call copied into the scratch's
+  // data area for the call in flight (0: none): the scratch's own stack
+  // stays above it.
+  uint64_t data_args_end = 0;
+  bool stack_refused = false;  // the last place_frame refused the thread's stack, changing nothing
   // Recursive: Target::call_prepared's `prepare` writes the new scratch
   // through Target's own methods while its transaction holds the lock.
   std::recursive_mutex mu;

@@ -39,6 +39,7 @@
 #include "base/log.h"
 #include "base/strings.h"
 #include "procfs/procfs.h"
+#include "remote/stack_room.h"
 
 namespace remora::remote {
 
@@ -111,10 +112,10 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
   auto steps = [&]() -> Result<uint64_t> {
     REMORA_TRY(stop());
     REMORA_TRY(save());
-    plan(is_syscall, args, on_stack);
+    const bool creates = !im_.scratch && !im_.gadget_only;
+    REMORA_TRY(plan(is_syscall, args, on_stack, creates));
     // Still nothing changed: refuse here what the thread's seccomp filter
     // would refuse (or kill the process for).
-    const bool creates = !im_.scratch && !im_.gadget_only;
     REMORA_TRY(im_.seccomp_guard.check_stopped(
         tid_,
         seccomp::engine_syscalls({marker_ != 0, creates, saved_.swap_mask, is_syscall,
@@ -246,8 +247,8 @@ Transaction::Regs Transaction::frame_registers() const {
 // ptrace buffer is refused by rt_sigreturn for a thread without AMX tiles,
 // whose vector registers would then be reset), whether its rt_sigreturn is
 // the exact restore, and whether a function call is a marked call.
-void Transaction::plan(bool is_syscall, std::array<uint64_t, 6>& args,
-                       std::span<const Target::Impl::StackArg> on_stack) {
+Result<void> Transaction::plan(bool is_syscall, std::array<uint64_t, 6>& args,
+                               std::span<const Target::Impl::StackArg> on_stack, bool creates) {
   fpstate_ = a::build_sig_fpstate(a::host_xstate_layout(), saved_.xstate);
   if (!fpstate_.exact) REMORA_LOG(kRemote, "restore frame is not exact: %s", fpstate_.why_not.c_str());
   // Exact unless the thread was interrupted in a restart_block call: there
@@ -265,12 +266,62 @@ void Transaction::plan(bool is_syscall, std::array<uint64_t, 6>& args,
   cookie_ = (uint64_t{0x524d} << 48) | (++im_.call_seq & 0xffffffffffff);
   std::vector<size_t> sizes;
   for (const auto& arg : on_stack) sizes.push_back(arg.bytes.size());
-  frame_ = a::plan_frame(a::sp(saved_.regs), fpstate_.image.size(), sizes);
+  REMORA_TRY(place_frame(sizes, creates));
   for (size_t i = 0; i < on_stack.size(); ++i) args[on_stack[i].reg] = frame_.args[i];
   REMORA_LOG(kRemote, "call on tid=%d: stopped at pc=%#llx nr=%lld ret=%lld, restart kind %d, marker %d",
              tid_, static_cast<unsigned long long>(a::pc(saved_.regs)),
              static_cast<long long>(a::syscall_nr(saved_.regs)),
              static_cast<long long>(a::return_value(saved_.regs)), static_cast<int>(kind_), marker_);
+  return ok();
+}
+
+// The frame goes below the thread's stack pointer (and red zone) when the
+// stack there is writable for the frame and kCallStackRoom below it
+// (remote/stack_room.h), else on a stack of our own at the top of the
+// scratch's argument area: the frame's registers keep the thread's stack
+// pointer, so its rt_sigreturn puts the thread back on its own stack all
+// the same. A stack seen safe before is taken without reading the maps;
+// else the maps a lookup just read serve, or they are read once.
+Result<void> Transaction::place_frame(const std::vector<size_t>& sizes, bool creates) {
+  const uint64_t sp = a::sp(saved_.regs);
+  frame_ = a::plan_frame(sp, fpstate_.image.size(), sizes);
+  // A stack pointer near 0 wraps the plan: no stack at all.
+  const bool wrapped = frame_.end > sp || frame_.call_sp < kCallStackRoom;
+  const uint64_t lo = wrapped ? sp : frame_.call_sp - kCallStackRoom;
+  if (!wrapped && im_.safe_stacks.covers(lo, sp)) return ok();
+  StackVerdict v;
+  v.at = sp;
+  if (!wrapped) {
+    std::vector<procfs::MapEntry> fresh;
+    if (!im_.call_maps)
+      fresh = REMORA_TRY_CTX(procfs::read_maps(im_.pid), "read the maps of " + process_str(im_.pid, im_.ns_pid));
+    v = judge_stack_range(im_.call_maps ? *im_.call_maps : fresh, lo, sp);
+    if (v.room == StackRoom::kSafe) {
+      im_.safe_stacks.add(v.run_lo, v.run_hi);
+      return ok();
+    }
+  }
+  const std::string why = describe_stack_verdict(v, sp);
+  // Our own scratch only: an adopted one's data is the agent's, shared by
+  // every controller of the process; and never for the call that creates
+  // the scratch, or the munmap that removes it.
+  im_.stack_refused = true;
+  if (!im_.scratch || !im_.scratch_owned || creates || im_.force_gadget || im_.gadget_only)
+    return Error(Errc::kNotSupported, "the thread's stack cannot take the call's frame: " + why +
+                                          ", and no stack of Remora's own is ready for this step; "
+                                          "nothing was changed: call on another thread");
+  const uint64_t top = (im_.data_base + im_.data_size - session_area(im_.data_size)) & ~uint64_t{63};
+  frame_ = a::plan_frame(top + a::kRedZone, fpstate_.image.size(), sizes);
+  const uint64_t floor = std::max(im_.data_base, im_.data_args_end);
+  if (frame_.base < floor + kCallStackRoom || frame_.call_sp < floor + kCallStackRoom)
+    return Error(Errc::kNotSupported, "the thread's stack cannot take the call's frame: " + why +
+                                          ", and the frame (" + std::to_string(frame_.end - frame_.base) +
+                                          " bytes) does not fit the scratch's own stack; nothing was "
+                                          "changed: call on another thread");
+  im_.stack_refused = false;
+  REMORA_LOG(kRemote, "call on tid=%d: %s; the frame goes on the scratch's stack at %#llx", tid_, why.c_str(),
+             static_cast<unsigned long long>(frame_.call_sp));
+  return ok();
 }
 
 Result<void> Transaction::write_frame(std::span<const Target::Impl::StackArg> on_stack) {
@@ -286,8 +337,10 @@ Result<void> Transaction::write_frame(std::span<const Target::Impl::StackArg> on
   // __restore_rt); unused once the scratch exists.
   c.restorer = im_.gadgets ? im_.gadgets->restore_rt : 0;
   c.args = arg_bytes;
-  REMORA_TRY_CTX(im_.mem.write(frame_.base, a::frame_bytes(frame_, c)),
-                 "write the restore frame on the thread's stack");
+  if (auto w = im_.mem.write(frame_.base, a::frame_bytes(frame_, c)); !w) {
+    im_.safe_stacks.clear();  // the stack judged safe has changed: read the maps again next time
+    return std::move(w).error().with_context("write the restore frame on the thread's stack");
+  }
   return ok();
 }
 
@@ -547,7 +600,6 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
     if (is_exit(stop)) return gone(stop);
     if (stop.kind != ptrace::Stop::Kind::kSignalDelivery) continue;  // group stop, interrupt: go on
     auto si = REMORA_TRY(ptrace::get_siginfo(tid_));
-    if (ptrace::is_fault(si)) return fault_error(si);
     if (is_job_control_stop(si.si_signo)) {
       hold(si.si_signo);
       continue;
@@ -563,10 +615,16 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
       restore_mask_ = (saved_.sigmask & marker_bit_) != 0;
       // Another signal that waited for the call dequeued before the marker:
       // deliver it on detach (the marker, still pending, is one the process
-      // ignores).
+      // ignores). A fault among them is the thread's own, not the call's:
+      // its instruction faulted just before the interrupt, and the kernel
+      // reports the interrupt stop before it dequeues the fault's signal
+      // (get_signal runs the ptrace trap first), so it stayed pending,
+      // blocked, through the call. A JVM's safepoint poll on its PROT_NONE
+      // polling page is one; the JVM's handler must still get it.
       if (si.si_signo != marker_) detach_signal_ = si.si_signo;
       return slot[0];
     }
+    if (ptrace::is_fault(si)) return fault_error(si);
     if (returned && si.si_signo == marker_) {
       // The function unblocked the marker itself, so it arrived inside the
       // stub: end at the stub's rt_sigreturn instead.
@@ -602,6 +660,9 @@ Error Transaction::gone(const ptrace::Stop& s) {
 }
 
 Error Transaction::fault_error(const siginfo_t& si) const {
+  // A stack judged safe may have changed since (mprotect, munmap): the next
+  // call reads the maps again.
+  im_.safe_stacks.clear();
   constexpr const char* kRestored = "; the thread was restored to its state before the call";
   if (si.si_signo == SIGSYS)
     return Error(Errc::kFault, "the target's seccomp filter refused system call " +

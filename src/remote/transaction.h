@@ -64,7 +64,9 @@ class Transaction {
 
   Result<void> stop();
   Result<void> save();
-  void plan(bool is_syscall, std::array<uint64_t, 6>& args, std::span<const Target::Impl::StackArg> on_stack);
+  Result<void> plan(bool is_syscall, std::array<uint64_t, 6>& args,
+                    std::span<const Target::Impl::StackArg> on_stack, bool creates);
+  Result<void> place_frame(const std::vector<size_t>& sizes, bool creates);
   Regs frame_registers() const;
   Result<void> write_frame(std::span<const Target::Impl::StackArg> on_stack);
   Result<void> enter_restore_path(bool direct);
