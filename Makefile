@@ -24,7 +24,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
                 libunwind-dev python3 python3-pytest binutils util-linux mount procps libseccomp-dev \
                 libdw-dev libelf-dev libprotobuf-dev protobuf-compiler python3-protobuf nlohmann-json3-dev \
-                zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light \
+                zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light openjdk-17-jdk-headless \
                 qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross \
                 libstdc++-12-dev-arm64-cross
 # The aarch64 cross build's libraries, from Debian's arm64 architecture

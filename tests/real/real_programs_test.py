@@ -530,7 +530,72 @@ def remove_perf_map(programs):
             os.unlink(path)
 
 
-CASES = {"redis": case_redis, "nginx": case_nginx, "python3": case_python, "node": case_node, "java": case_java}
+def zoo_report(port):
+    """The zoo's "ok loops=N bad=M" line (one connection, served by its main
+    thread from accept)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.settimeout(10)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            c = s.recv(256)
+            if not c:
+                break
+            buf += c
+    m = re.fullmatch(r"ok loops=(\d+) bad=(\d+)", buf.decode(errors="replace").strip())
+    check(m is not None, "the JVM answers 'ok loops=N bad=M'", repr(buf))
+    return int(m.group(1)), int(m.group(2))
+
+
+def case_java_calls(args, tmp, programs):
+    """`remora call --ret int getpid` on every thread of a JVM whose threads
+    stand in every state (RemoraThreadZoo.java: JIT code with safepoint
+    polls, allocation and GC, monitors, park, sleep, wait, deep recursion,
+    accept), ROUNDS times over: every call returns the JVM's pid; a thread
+    that vanished meanwhile (the JVM starts and stops compiler threads as it
+    likes) may say "no such thread", nothing else; the JVM lives, its own
+    checks found nothing wrong, and its compute loops went on."""
+    java, javac = need("java", "javac", package="openjdk-17-jdk-headless")
+    classes = os.path.join(args.work, "real-classes")
+    os.makedirs(classes, exist_ok=True)
+    r = subprocess.run([javac, "-d", classes, os.path.join(args.src, "RemoraThreadZoo.java")], capture_output=True,
+                       text=True, timeout=120)
+    check(r.returncode == 0, "javac RemoraThreadZoo.java", r.stdout + r.stderr)
+    p = programs.start("java", [java, "-Xmx64m", "-cp", classes, "RemoraThreadZoo"])
+    port = read_ready(p, 60, "java")
+    loops0, _ = zoo_report(port)
+    rounds, calls, gone = 3, 0, 0
+    start = time.monotonic()
+    for rnd in range(rounds):
+        tids = sorted(int(t) for t in os.listdir("/proc/%d/task" % p.pid))
+        for tid in tids:
+            c = subprocess.run([args.remora, "call", "-p", str(p.pid), "-T", str(tid), "--ret", "int", "getpid"],
+                               capture_output=True, text=True, timeout=60)
+            out = c.stdout + c.stderr
+            if c.returncode == 2 and not os.path.exists("/proc/%d/task/%d" % (p.pid, tid)):
+                gone += 1
+                continue
+            check(c.returncode == 0 and re.search(r"= %d " % p.pid, c.stdout) is not None,
+                  "round %d: remora call getpid on thread %d (%s) returns the JVM's pid" % (rnd, tid, comm(p.pid, tid)),
+                  "exit %d: %s" % (c.returncode, out.strip()))
+            calls += 1
+        check(p.poll() is None, "the JVM is alive after round %d" % rnd, lambda: stderr_tail(p))
+    print("      %d calls on %d threads in %.2f s, %d threads gone meanwhile" % (
+        calls, len(tids), time.monotonic() - start, gone))
+    loops1, bad = zoo_report(port)
+    check(bad == 0, "the JVM's own checks found nothing wrong", "bad=%d" % bad)
+    check(loops1 > loops0, "the JVM's compute loops went on", "loops %d then %d" % (loops0, loops1))
+
+
+def comm(pid, tid):
+    try:
+        with open("/proc/%d/task/%d/comm" % (pid, tid)) as f:
+            return f.read().strip()
+    except OSError:
+        return "gone"
+
+
+CASES = {"redis": case_redis, "nginx": case_nginx, "python3": case_python, "node": case_node, "java": case_java,
+         "java_calls": case_java_calls}
 
 
 def main():
