@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -48,6 +50,57 @@ bool parse_int(const char* name, const char* v, long lo, long hi, long* out, std
   return true;
 }
 
+// REMORA_OUTPUT_FD="N:INODE:PID". The inode makes a value left in the
+// environment by an earlier session (the agent keeps what it set) harmless:
+// descriptor N is used only while it is that very memfd, never a file of the
+// program's that took the number since. The pid (as this process sees
+// itself) keeps a child forked since out: it inherited the very same memfd
+// and the environment, and two writers would mix their sessions.
+bool parse_output_fd(const char* v, int* out, std::string* error) {
+  std::string s = trim(v);
+  size_t colon = s.find(':');
+  size_t colon2 = colon == std::string::npos ? colon : s.find(':', colon + 1);
+  long fd = -1, pid = 0;
+  unsigned long long ino = 0;
+  char* end = nullptr;
+  bool ok = colon != std::string::npos && colon > 0;
+  if (ok) {
+    errno = 0;
+    fd = strtol(s.substr(0, colon).c_str(), &end, 10);
+    ok = errno == 0 && *end == '\0' && fd >= 0 && fd <= 1 << 20;
+  }
+  if (ok && colon2 != std::string::npos) {
+    std::string mid = s.substr(colon + 1, colon2 - colon - 1), tail = s.substr(colon2 + 1);
+    errno = 0;
+    ino = strtoull(mid.c_str(), &end, 10);
+    ok = !mid.empty() && errno == 0 && *end == '\0' && ino != 0;
+    if (ok) {
+      pid = strtol(tail.c_str(), &end, 10);
+      ok = !tail.empty() && errno == 0 && *end == '\0' && pid > 0;
+    }
+  } else {
+    ok = false;
+  }
+  if (!ok) {
+    *error = std::string("REMORA_OUTPUT_FD='") + v + "': expected N:INODE:PID (set by remora)";
+    return false;
+  }
+  if (pid != static_cast<long>(getpid())) {
+    *error = std::string("REMORA_OUTPUT_FD='") + v + "': made for process " + std::to_string(pid) +
+             ", not this one (" + std::to_string(getpid()) +
+             "): a process whose root has no writable directory is profiled alone (--attach-children=false)";
+    return false;
+  }
+  struct stat st;
+  if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != ino) {
+    *error = std::string("REMORA_OUTPUT_FD='") + v + "': descriptor " + std::to_string(fd) +
+             " is not the memfd remora made for this session (closed, or another file)";
+    return false;
+  }
+  *out = static_cast<int>(fd);
+  return true;
+}
+
 void add_unique(std::vector<std::string>* v, const std::string& s) {
   if (std::find(v->begin(), v->end(), s) == v->end()) v->push_back(s);
 }
@@ -70,6 +123,8 @@ std::vector<std::string> supported_functions() {
 bool parse_config(const std::function<const char*(const char*)>& getenv_fn, Config* out, std::string* error) {
   Config c;
   if (const char* v = getenv_fn("REMORA_OUTPUT_PATH"); v && *v) c.output_path = v;
+  if (const char* v = getenv_fn("REMORA_OUTPUT_FD"); v && *v)
+    if (!parse_output_fd(v, &c.output_fd, error)) return false;
   long n;
   if (const char* v = getenv_fn("REMORA_SAMPLE_HZ"); v && *v) {
     if (!parse_int("REMORA_SAMPLE_HZ", v, 1, 10000, &n, error)) return false;

@@ -14,6 +14,10 @@ namespace remora_tool {
 
 struct Config {
   std::string output_path = "./remora-output";  // REMORA_OUTPUT_PATH
+  // REMORA_OUTPUT_FD="N:INODE:PID": a memfd the controller made in this process
+  // for a root where no directory is writable; the session goes into it
+  // (raw_records.h, RawSpool::open_fd) instead of under output_path. -1: unset.
+  int output_fd = -1;
   int hz = 99;                                  // REMORA_SAMPLE_HZ
   bool sampling = true;                         // REMORA_SAMPLING
   bool tracing = true;                          // REMORA_TRACING

@@ -326,6 +326,20 @@ bool RawSpool::open(const std::string& dir, std::string* error) {
   return true;
 }
 
+bool RawSpool::open_fd(int fd, const std::string& dir, std::string* error) {
+  std::string header = std::string(kMemfdMagic) + "PART " + dir.substr(dir.rfind('/') + 1) + "\n";
+  if (!write_all(fd, header)) {
+    *error = "cannot write into REMORA_OUTPUT_FD " + std::to_string(fd) + ": " + strerror(errno);
+    close(fd);
+    return false;
+  }
+  fd_ = fd;
+  dir_ = dir;
+  write_errno_ = 0;
+  in_memory_ = true;
+  return true;
+}
+
 void RawSpool::flush() {
   if (fd_ < 0 || buf_.empty() || write_errno_ != 0) return;
   if (!write_all(fd_, buf_.data())) {
@@ -362,16 +376,21 @@ bool RawSpool::finish(const std::string& dir, const std::string& rest, uint64_t 
     trailer.varint_field(32, thread_cpu_now_ns() - cpu_start);
     ok = write_all(fd, trailer.data());
   }
+  if (ok && ours && in_memory_) {
+    // Complete: the controller reads DONE and lays it out as profile.remora.
+    ok = pwrite(fd, "DONE", 4, static_cast<off_t>(kMemfdStateOffset)) == 4;
+  }
   int err = errno;
   if (close(fd) != 0 && ok) {
     ok = false;
     err = errno;
   }
-  if (ok && ours && rename((dir + "/" + kRawRecordsFile + ".part").c_str(), final_path.c_str()) != 0) {
+  if (ok && ours && !in_memory_ && rename((dir + "/" + kRawRecordsFile + ".part").c_str(), final_path.c_str()) != 0) {
     ok = false;
     err = errno;
   }
-  if (!ok) *error = "cannot write " + final_path + ": " + strerror(err);
+  if (!ok) *error = "cannot write " + (in_memory_ ? "REMORA_OUTPUT_FD" : final_path) + ": " + strerror(err);
+  in_memory_ = false;
   return ok;
 }
 
@@ -381,16 +400,18 @@ void RawSpool::forget() {
   dir_.clear();
   buf_.clear();
   write_errno_ = 0;
+  in_memory_ = false;
 }
 
 void RawSpool::discard() {
   if (fd_ >= 0) {
-    close(fd_);
-    unlink((dir_ + "/" + kRawRecordsFile + ".part").c_str());
+    close(fd_);  // a memfd: what it holds stays the controller's (PART)
+    if (!in_memory_) unlink((dir_ + "/" + kRawRecordsFile + ".part").c_str());
   }
   fd_ = -1;
   dir_.clear();
   write_errno_ = 0;
+  in_memory_ = false;
 }
 
 }  // namespace remora_tool

@@ -23,6 +23,16 @@ namespace remora_tool {
 inline constexpr uint32_t kRawRecordsVersion = 1;
 inline constexpr const char kRawRecordsFile[] = "profile.remora";
 
+// A session written into a descriptor (REMORA_OUTPUT_FD: a memfd the
+// controller made in this process and reads from its side) instead of a
+// directory: one line of header, then exactly the bytes profile.remora would
+// hold. The header is "REMORA-OUTPUT 1 PART <session directory name>\n";
+// PART becomes DONE, in place, once the session is complete (the controller
+// lays out a PART one as profile.remora.part: what was recorded before the
+// process ended). cli/output_staging.cc reads this format.
+inline constexpr const char kMemfdMagic[] = "REMORA-OUTPUT 1 ";
+inline constexpr size_t kMemfdStateOffset = sizeof kMemfdMagic - 1;  // "PART" / "DONE"
+
 // Protobuf wire format, append-only: what the encoder writes (exposed for
 // the round-trip test, which reads the result with libprotobuf).
 class WireWriter {
@@ -78,6 +88,10 @@ class RawSpool {
  public:
   // Opens DIR/profile.remora.part (O_EXCL). False with *error set.
   bool open(const std::string& dir, std::string* error);
+  // Writes into descriptor `fd` (a memfd, kMemfdMagic's format) for the
+  // session directory `dir` (named, never made); the spool owns `fd` from
+  // here and closes it in finish/forget/discard.
+  bool open_fd(int fd, const std::string& dir, std::string* error);
   void sample(const SampleEvent& s) { encode_sample(buf_, s); }
   void call(const CallEvent& c) { encode_call(buf_, 18, c); }
   void counter(const CounterEvent& c) { encode_counter(buf_, c); }
@@ -99,6 +113,7 @@ class RawSpool {
   int fd_ = -1;
   WireWriter buf_;
   int write_errno_ = 0;
+  bool in_memory_ = false;  // fd_ is a memfd of the controller's (open_fd)
 };
 
 }  // namespace remora_tool
