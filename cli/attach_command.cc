@@ -30,6 +30,7 @@
 #include "cli/output_staging.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
+#include "procfs/procfs.h"
 
 extern char** environ;
 
@@ -471,6 +472,26 @@ int run_attach(const AttachCommandOptions& o) {
     auto p = prepare_output_path(*env, o.pid);
     if (!p) return fail(p.error());
     plan = std::move(*p);
+    // In memory, one process only: nobody reads the memory after remora
+    // exits (--keep), and each process would need a memfd of its own.
+    const bool has_children = o.children && [&] {
+      auto kids = procfs::list_children(o.pid);
+      return kids && !kids->empty();
+    }();
+    if (plan.staged && plan.staged->in_memory() && (o.keep || has_children))
+      return fail(Error(Errc::kNotSupported,
+                        "process " + std::to_string(o.pid) +
+                            " has no writable directory in its root, so remora keeps its profile in memory "
+                            "that only this remora reads: " +
+                            (o.keep ? "--keep (remora gone before the detach) is"
+                                    : "its children (one memfd per process) are") +
+                            " not supported that way; " + (o.keep ? "" : "pass --attach-children=false, ") +
+                            "give the container a writable /tmp, or pass -e REMORA_OUTPUT_PATH=DIR with a "
+                            "writable directory inside it"));
+    if (plan.staged && plan.staged->in_memory())
+      std::printf("No directory of process %d's root is writable: its profile is kept in memory that remora "
+                  "reads at the detach.\n",
+                  static_cast<int>(o.pid));
   }
   const std::string& out_root = plan.root;
   attach::AttachOptions opts;

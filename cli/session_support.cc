@@ -90,6 +90,10 @@ Result<EnvList> parse_env_list(const std::vector<std::string>& items) {
 }
 
 Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid) {
+  // Set only for a session in memory (below); empty, it clears a value an
+  // earlier session left in the target's environment. (Before find_env: it
+  // may grow `env`.)
+  set_env(env, "REMORA_OUTPUT_FD", "");
   const std::string* given = find_env(env, "REMORA_OUTPUT_PATH");
   OutputPlan plan;
   if (given && !given->empty()) {
@@ -121,7 +125,8 @@ Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid) {
   // A root of its own (a container): the target writes into a private
   // directory of its root, and the finished sessions come out to plan.root.
   plan.staged = REMORA_TRY(StagedOutput::create(pid));
-  set_env(env, "REMORA_OUTPUT_PATH", plan.staged->target_path());
+  set_env(env, "REMORA_OUTPUT_PATH", plan.staged->in_memory() ? plan.root : plan.staged->target_path());
+  set_env(env, "REMORA_OUTPUT_FD", plan.staged->target_fd());
   return plan;
 }
 

@@ -11,6 +11,8 @@
 // A step that fails prints "error <what>" and exits 2.
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -90,6 +92,34 @@ static void start_thread(void) {
   printf("tid %d\n", (int)tid);
 }
 
+// The "spin" command's thread: sums the squares of 1..kSpinN in ctr_hot (the
+// function a profile of this process must show) over and over, until
+// "unspin", counting the rounds and those whose sum is not the closed form's.
+enum { kSpinN = 200000 };
+static atomic_int g_spin_stop;
+static pthread_t g_spinner;
+static int g_spinning;
+static long g_rounds, g_bad;
+
+__attribute__((noinline)) uint64_t ctr_hot(uint64_t n) {
+  uint64_t s = 0;
+  for (uint64_t i = 1; i <= n; ++i) {
+    s += i * i;
+    __asm__ volatile("" : "+r"(s));  // no closed form by the compiler: the loop is the work
+  }
+  return s;
+}
+
+static void* spinner(void* arg) {
+  (void)arg;
+  const uint64_t n = kSpinN, want = n * (n + 1) * (2 * n + 1) / 6;
+  while (!atomic_load(&g_spin_stop)) {
+    if (ctr_hot(n) != want) ++g_bad;
+    ++g_rounds;
+  }
+  return NULL;
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -109,7 +139,9 @@ int main(int argc, char** argv) {
   //   cat FILE  the lines of FILE as this process sees it, or "error <why>";
   //   thread    starts a thread that blocks in read(2) and answers "tid N",
   //             its id in this process's pid namespace (once);
-  //   unthread  ends that thread and joins it: once "end" is printed, it is gone.
+  //   unthread  ends that thread and joins it: once "end" is printed, it is gone;
+//   spin      starts a thread computing in ctr_hot (see spinner);
+//   unspin    stops it and answers "rounds R bad B".
   char line[4096];
   while (fgets(line, sizeof line, stdin) != NULL) {
     line[strcspn(line, "\n")] = '\0';
@@ -124,6 +156,15 @@ int main(int argc, char** argv) {
       if (f == NULL) printf("error %s\n", strerror(errno));
       for (char text[1024]; f != NULL && fgets(text, sizeof text, f) != NULL;) fputs(text, stdout);
       if (f != NULL) fclose(f);
+    } else if (strcmp(line, "spin") == 0 && !g_spinning) {
+      const int rc = pthread_create(&g_spinner, NULL, spinner, NULL);
+      if (rc != 0) fail("pthread_create", "spin", strerror(rc));
+      g_spinning = 1;
+    } else if (strcmp(line, "unspin") == 0 && g_spinning) {
+      atomic_store(&g_spin_stop, 1);
+      pthread_join(g_spinner, NULL);
+      g_spinning = 0;
+      printf("rounds %ld bad %ld\n", g_rounds, g_bad);
     } else if (strcmp(line, "thread") == 0 && g_tid_pipe[0] < 0) {
       start_thread();
     } else if (strcmp(line, "unthread") == 0 && g_block_pipe[1] >= 0) {
