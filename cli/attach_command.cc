@@ -454,6 +454,15 @@ int run_attach(const AttachCommandOptions& o) {
   REMORA_LOG(kAttach, "pid %d: the command starts", static_cast<int>(o.pid));
   auto given = parse_env_list(o.env);
   if (!given) return fail(given.error());
+  // The process itself first, as `remora call` refuses it: no tool is
+  // looked for, no output directory planned and nothing printed for a
+  // process that cannot be attached (gone, a zombie, a kernel thread,
+  // traced by another, statically linked, remora itself).
+  const std::string about = "attach to process " + std::to_string(o.pid);
+  if (auto c =
+          attach::check_target(o.pid, o.children ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+      !c)
+    return fail(std::move(c).error().with_context(about));
   // The caller's REMORA_* and ROCP* variables reach the targets, as the C
   // API's rocattach layer and the Python package forward them; -e wins.
   std::optional<EnvList> env = forwarded_environment(environ);
@@ -464,9 +473,6 @@ int run_attach(const AttachCommandOptions& o) {
   // cleanly instead of killing remora half-way.
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());
-  if (::kill(o.pid, 0) != 0 && errno == ESRCH)
-    return fail(Error(Errc::kNoSuchProcess, "no process " + std::to_string(o.pid)));
-
   OutputPlan plan;
   if (tools->default_tool) {
     auto p = prepare_output_path(*env, o.pid);

@@ -32,6 +32,10 @@ std::string tools_of(pid_t pid) {
 }
 
 int run_detach(const DetachCommandOptions& o) {
+  // The process itself first, as `remora call` and `remora attach` refuse it.
+  if (auto c = attach::check_target(o.pid, o.tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+      !c)
+    return fail(std::move(c).error().with_context("detach from process " + std::to_string(o.pid)));
   // Signals wait until the detach is over (see StopSignals).
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());

@@ -258,11 +258,15 @@ std::string describe_attach(const attach::ProcessOutcome& o) {
     return std::string("attached (") + (o.agent_loaded_now ? "agent loaded now, " : "agent was loaded, ") +
            std::to_string(ms) + " ms)";
   }
+  // A zombie child of a tree has exited too; said as the engine says it.
+  if (o.code == Errc::kZombie) return "not attached: " + o.message;
   if (is_gone(o.code)) return "exited before it could be attached";
   return "failed: " + o.message + " [" + std::string(errc_name(o.code)) + "]";
 }
 
-bool is_gone(Errc code) { return code == Errc::kTargetExited || code == Errc::kNoSuchProcess; }
+bool is_gone(Errc code) {
+  return code == Errc::kTargetExited || code == Errc::kNoSuchProcess || code == Errc::kZombie;
+}
 
 Result<StopSignals> StopSignals::install() {
   StopSignals s;

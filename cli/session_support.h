@@ -95,7 +95,8 @@ void print_outcome(FILE* out, pid_t pid, const std::string& comm, const std::str
 // "attached (agent loaded now, 85 ms)" or "failed: <message>".
 std::string describe_attach(const attach::ProcessOutcome& o);
 // Did the process go away (rather than refuse)? Such outcomes in a tree are
-// reported but are not failures: short-lived children come and go.
+// reported but are not failures: short-lived children come and go (a
+// zombie, exited and not yet reaped by its parent, counts as gone).
 bool is_gone(Errc code);
 
 // "unloaded" for a detach with unload, with the tools that stayed loaded

@@ -43,6 +43,11 @@ void print_row(pid_t pid, const std::string& comm, const attach::AgentState& st)
 }
 
 int run_status(const StatusCommandOptions& o) {
+  // Before the header: a process that has no user space to read is refused
+  // as `remora call` refuses it (status reads, so a tracer or a static
+  // program is no refusal here).
+  if (auto c = attach::check_target(o.pid, attach::TargetUse::kRead); !c)
+    return fail(std::move(c).error().with_context("status of process " + std::to_string(o.pid)));
   std::vector<pid_t> pids{o.pid};
   if (o.tree) {
     auto t = attach::Controller::snapshot_tree(o.pid);

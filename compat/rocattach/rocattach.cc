@@ -172,6 +172,8 @@ ROCATTACH_API rocattach_status_t rocattach_attach(int pid) {
   return fenced([&] {
     const std::string what = "rocattach_attach(" + std::to_string(pid) + ")";
     if (pid <= 0) return bad_pid(what, pid);
+    // The process first (a zombie, a kernel thread...), then the tools.
+    if (remora_status_t c = remora_check_target(pid, 0); c != REMORA_STATUS_SUCCESS) return finish(what, c);
     Options o;
     if (!make_options(what, &o)) return ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT;
     return finish(what, remora_attach(pid, &o.opts));
@@ -182,6 +184,8 @@ ROCATTACH_API rocattach_status_t rocattach_attach_tree(int pid) {
   return fenced([&] {
     const std::string what = "rocattach_attach_tree(" + std::to_string(pid) + ")";
     if (pid <= 0) return bad_pid(what, pid);
+    if (remora_status_t c = remora_check_target(pid, REMORA_CHECK_TREE); c != REMORA_STATUS_SUCCESS)
+      return finish(what, c);
     Options o;
     if (!make_options(what, &o)) return ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT;
     remora_status_t s = remora_attach_tree(pid, &o.opts);

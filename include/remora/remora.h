@@ -69,7 +69,7 @@ extern "C" {
 
 /* The version of this API; libremora.so's SONAME is libremora.so.<major>. */
 #define REMORA_API_VERSION_MAJOR 0
-#define REMORA_API_VERSION_MINOR 2 /* 2: remora_detach_with, REMORA_DETACH_UNLOAD */
+#define REMORA_API_VERSION_MINOR 3 /* 2: remora_detach_with, REMORA_DETACH_UNLOAD; 3: remora_check_target */
 
 /*
  * Status codes. One per error code of Remora's engine (same numbers, in the
@@ -192,7 +192,9 @@ REMORA_API remora_status_t remora_detach(pid_t pid);
  * snapshotted breadth-first (through /proc/PID/task/TID/children) and each
  * process is pinned with a pidfd, so a recycled pid is never attached by
  * mistake; processes are attached in parallel. A failure on one process does
- * not stop the others. Returns SUCCESS when every process was attached;
+ * not stop the others. A process below root that exited before it could be
+ * attached (a zombie too) is no failure: short-lived children come and go.
+ * Returns SUCCESS when every other process was attached;
  * otherwise the status of the last failure seen (breadth-first order), and
  * remora_last_error() lists every process that failed, one per line:
  * "attach tree PID: N of M processes failed" then "  pid P: message".
@@ -271,6 +273,25 @@ REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t
  * memory), ...
  */
 REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state);
+
+/* remora_check_target flags */
+#define REMORA_CHECK_TREE 0x1u /* for remora_attach_tree: see remora_check_target */
+
+/*
+ * The refusals about process `pid` itself, which remora_attach and
+ * remora_attach_tree make first, before they look at the options: for a
+ * caller that prepares an attach (finds its tools, makes an output
+ * directory) and wants to know first. Reads /proc only and changes nothing.
+ * Fails, with the message remora_attach would give ("attach to process N:
+ * process N is a zombie: ..."), with NO_SUCH_PROCESS, OWN_PROCESS, ZOMBIE,
+ * KERNEL_THREAD, TRACED_BY_OTHER (a tracer that stays past a moment),
+ * PTRACE_DENIED, STATIC_BINARY, or INVALID_ARGUMENT (pid <= 0, a thread id,
+ * unknown flags). With REMORA_CHECK_TREE, the refusals that concern the root
+ * alone (own process, traced, ptrace denied, statically linked) are made
+ * only when it has no children, whose tree attach could still succeed.
+ * Since 0.3 (symbol version REMORA_2). Any thread.
+ */
+REMORA_API remora_status_t remora_check_target(pid_t pid, uint32_t flags);
 
 /*
  * The message of the last failed remora_* call on the calling thread, or ""

@@ -226,6 +226,10 @@ class Session:
         self.pid = _pid(pid)
         self._backend = _capi.load(options.attach_library)
         self.library = self._backend.path
+        # The process itself first (gone, a zombie, a kernel thread, traced,
+        # statically linked, this process), as the remora command refuses
+        # it: before the tools are looked for.
+        self._backend.check(self.pid, bool(options.attach_children))
         self.tools = _tools(attach_tool_library, self._backend).split(":")
         self.children = bool(options.attach_children)
         self.unload = bool(options.unload)

@@ -231,6 +231,7 @@ class _DetachOptions(ctypes.Structure):
 
 
 DETACH_UNLOAD = 0x1  # REMORA_DETACH_UNLOAD
+CHECK_TREE = 0x1  # REMORA_CHECK_TREE
 
 
 def _decode(b: bytes | None) -> str:
@@ -345,6 +346,12 @@ class RemoraBackend(Backend):
             c.remora_detach_options_init_sized.restype = status_t
             c.remora_detach_with.argtypes = [pid_t, ctypes.POINTER(_DetachOptions)]
             c.remora_detach_with.restype = status_t
+        # Since API 0.3 (symbol version REMORA_2): the refusals about the
+        # process alone, made before the tools are looked for.
+        self.can_check = hasattr(c, "remora_check_target")
+        if self.can_check:
+            c.remora_check_target.argtypes = [pid_t, ctypes.c_uint32]
+            c.remora_check_target.restype = status_t
         c.remora_last_error.argtypes = []
         c.remora_last_error.restype = ctypes.c_char_p
         for fn in (c.remora_status_name, c.remora_status_string):
@@ -358,6 +365,17 @@ class RemoraBackend(Backend):
         # so `what` is only needed when there is none.
         message = _decode(self.cdll.remora_last_error()) or f"{what}: {_decode(self.cdll.remora_status_string(code))}"
         return RemoraError(code, _decode(self.cdll.remora_status_name(code)), message, api=self.api, pid=pid)
+
+    def check(self, pid: int, children: bool) -> None:
+        """Raises the RemoraError remora_attach would raise for what the
+        process is (gone, a zombie, a kernel thread, traced by another,
+        statically linked, this process), before anything is prepared.
+        With a libremora.so older than 0.3 the attach says it instead."""
+        if not self.can_check:
+            return
+        st = self.cdll.remora_check_target(pid, CHECK_TREE if children else 0)
+        if st != Status.SUCCESS:
+            raise self.error(st, pid, f"attach {pid}")
 
     def attach(
         self,
@@ -488,6 +506,12 @@ class RocattachBackend(Backend):
             api=self.api,
             pid=pid,
         )
+
+    def check(self, pid: int, children: bool) -> None:
+        """Nothing here: rocattach.h has no such call, and its errors are
+        rocattach's; Remora's rocattach_attach refuses the process first
+        itself."""
+        del pid, children
 
     def attach(self, pid, tools, env, children, lease, timeout_msec, agent_path) -> None:
         del lease, timeout_msec  # rocattach has neither

@@ -126,11 +126,21 @@ Result<std::shared_ptr<Controller::Session>> Controller::session_for(pid_t pid, 
   return it->second;
 }
 
+// A process this controller has a session with was checked when the session
+// opened, and its pidfd says it lives: checked again, it could seem traced
+// by another (our own call on another thread, holding one of its threads
+// for longer than the grace), which the session's lock waits out instead.
+bool Controller::vetted(pid_t pid) {
+  auto known = session_for(pid, false);
+  return known && *known;
+}
+
 Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) {
   detail::ScopedTimerSlack slack;
-  // A zombie or kernel thread is refused as such (a zombie's pidfd already
-  // reads as exited, which would otherwise make it "exited during the attach").
-  REMORA_TRY_CTX(refuse_no_user_space(pid), "attach to process " + std::to_string(pid));
+  // What the process is, first (a zombie's pidfd already reads as exited,
+  // which would otherwise make it "exited during the attach").
+  if (!vetted(pid))
+    REMORA_TRY_CTX(check_target(pid, TargetUse::kProcess), "attach to process " + std::to_string(pid));
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   UniqueFd pidfd(fd);
   return attach_one(pid, fd, opts);
@@ -257,6 +267,7 @@ Result<UnloadReport> Controller::detach(pid_t pid, const DetachOptions& opts) {
 Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts) {
   const std::string ctx =
       std::string(opts.unload ? "detach and unload from" : "detach from") + " process " + std::to_string(pid);
+  if (!vetted(pid)) REMORA_TRY_CTX(check_target(pid, TargetUse::kProcess), ctx);
   auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
   std::unique_lock lock(s->mu);
   remote::Target& t = *s->target;
@@ -306,6 +317,7 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
 }
 
 Result<AgentState> Controller::status(pid_t pid) {
+  REMORA_TRY(check_target(pid, TargetUse::kRead));
   AgentState st;
   auto mem = REMORA_TRY(remote::Memory::open(pid));
   auto maps = REMORA_TRY(procfs::read_maps(pid));

@@ -183,6 +183,7 @@ class Controller {
  private:
   struct Session;
   Result<std::shared_ptr<Session>> session_for(pid_t pid, bool create);
+  bool vetted(pid_t pid);  // a live session exists: check_target was made when it opened
   Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<ProcessOutcome> attach_steps(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<UnloadReport> detach_one(pid_t pid, const DetachOptions& opts);
@@ -199,6 +200,27 @@ class Controller {
   std::map<pid_t, std::vector<pid_t>> trees_;         // root -> pids attached by attach_tree
   std::map<pid_t, std::shared_ptr<Follow>> follows_;  // root -> what follow_poll knows
 };
+
+// What an operation will do to a process, for check_target.
+enum class TargetUse {
+  kProcess,  // attach to it or detach from it: every refusal below
+  kTree,     // the same for its tree: the refusals of the root alone (the
+             // caller itself, traced by another, ptrace refused, statically
+             // linked) only when it has no children, which may still attach
+  kRead,     // read its agent's state (status): stops and calls nothing, so
+             // only gone, a zombie, a kernel thread (and a bad pid)
+};
+
+// The refusals about process `pid` itself, in the words `remora call` uses:
+// kInvalidArgument (pid <= 0, a thread id), kOwnProcess, kNoSuchProcess,
+// kZombie, kKernelThread, kTracedByOther (a tracer that stays past
+// ptrace::kPassingTracerGrace), kPtraceDenied, kStaticBinary. Reads /proc
+// only, changes nothing. Every entry point (Controller's attach, detach and
+// status, the CLI, the C API) calls it before anything else, so that the
+// process is refused before tools are looked for or outputs planned. Errors
+// carry no context: the caller says what it was doing ("attach to process
+// N"). Any thread.
+Result<void> check_target(pid_t pid, TargetUse use);
 
 // Finds libremora-agent.so (see AttachOptions::agent_path).
 Result<std::string> find_agent_library(const std::string& explicit_path = {});

@@ -106,7 +106,6 @@ bool fault_injected(std::string_view name);
 // ---- precheck.cc ----
 
 Result<void> check_environment(pid_t pid);
-Result<void> refuse_no_user_space(pid_t pid);
 Result<void> check_dynamic(const remote::Target& t);
 
 // ---- loader.cc ----

@@ -82,9 +82,9 @@ void record_failure(ProcessOutcome& o, const Error& e) {
 Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const AttachOptions& opts) {
   detail::ScopedTimerSlack slack;
   // The root is refused at once when nothing below it can be attached
-  // either: a zombie, a kernel thread (whose "children" are other kernel
-  // threads, not a tree to walk).
-  REMORA_TRY_CTX(refuse_no_user_space(root), "attach to process " + std::to_string(root));
+  // either: gone, a zombie, a kernel thread (whose "children" are other
+  // kernel threads, not a tree to walk), or refused itself with no children.
+  REMORA_TRY_CTX(check_target(root, TargetUse::kTree), "attach to process " + std::to_string(root));
   auto pids = REMORA_TRY(snapshot_tree(root));
   // Hold a pidfd for each process from the snapshot on: a pid recycled
   // meanwhile can never be attached by mistake.
@@ -94,6 +94,14 @@ Result<std::vector<ProcessOutcome>> Controller::attach_tree(pid_t root, const At
   for_each_parallel(pids.size(), [&](size_t i) {
     outcomes[i].pid = pids[i];
     if (!pidfds[i] || !pidfd_alive(pidfds[i].get())) {
+      // A child its parent has not reaped yet is said to be a zombie, in
+      // the words of a zombie root's refusal.
+      auto z = check_target(pids[i], TargetUse::kRead);
+      if (!z && z.error().code() == Errc::kZombie) {
+        record_failure(outcomes[i],
+                       std::move(z).error().with_context("attach to process " + std::to_string(pids[i])));
+        return;
+      }
       outcomes[i].code = Errc::kTargetExited;
       outcomes[i].message = "process " + std::to_string(pids[i]) + " exited before it could be attached";
       return;
@@ -128,7 +136,13 @@ Result<std::vector<ProcessOutcome>> Controller::detach_tree(pid_t root, const De
       trees_.erase(it);
     }
   }
-  if (pids.empty()) pids = REMORA_TRY(snapshot_tree(root));  // attached by another controller
+  if (pids.empty()) {
+    // Attached by another controller: the tree as it is now, whose root
+    // must be one (the tree this controller attached is detached whatever
+    // became of its root).
+    REMORA_TRY_CTX(check_target(root, TargetUse::kTree), "detach from process " + std::to_string(root));
+    pids = REMORA_TRY(snapshot_tree(root));
+  }
   return detach_each(pids, opts);
 }
 

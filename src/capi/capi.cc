@@ -140,13 +140,19 @@ Result<attach::AttachOptions> convert(const remora_options_t* o) {
 
 // The result of a tree operation: SUCCESS, or the last failure seen, with
 // every failed process listed in the message.
-remora_status_t report(const char* what, pid_t root, Result<std::vector<attach::ProcessOutcome>>& r) {
+remora_status_t report(const char* what, pid_t root, Result<std::vector<attach::ProcessOutcome>>& r,
+                       bool gone_child = false) {
   if (!r) return fail(std::move(r).error().with_context(std::string(what) + " " + std::to_string(root)));
   remora_status_t last = REMORA_STATUS_SUCCESS;
   size_t failed = 0;
   std::string lines;
   for (const auto& o : *r) {
     if (o.ok) continue;
+    // A child that exited before it could be attached (a zombie among them)
+    // is no failure of the tree: short-lived children come and go.
+    if (gone_child && o.pid != root &&
+        (o.code == Errc::kTargetExited || o.code == Errc::kNoSuchProcess || o.code == Errc::kZombie))
+      continue;
     ++failed;
     last = o.code == Errc::kOk ? REMORA_STATUS_INTERNAL : to_status(o.code);
     lines += "\n  pid " + std::to_string(o.pid) + ": " +
@@ -157,9 +163,17 @@ remora_status_t report(const char* what, pid_t root, Result<std::vector<attach::
                         std::to_string(r->size()) + " processes failed" + lines);
 }
 
+// The refusals about the process itself (attach::check_target), first,
+// in the words of the attach: "attach to process N: process N is a zombie...".
+remora_status_t check_target(pid_t pid, bool tree) {
+  auto c = attach::check_target(pid, tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+  if (!c) return fail(std::move(c).error().with_context("attach to process " + std::to_string(pid)));
+  return REMORA_STATUS_SUCCESS;
+}
+
 remora_status_t attach_tree(pid_t root, const attach::AttachOptions& opts) {
   auto r = controller().attach_tree(root, opts);
-  return report("attach tree", root, r);
+  return report("attach tree", root, r, /*gone_child=*/true);
 }
 
 // Appends "PID PATH\n" per kept tool to `out` (NUL-terminated, cut at a line).
@@ -239,6 +253,11 @@ REMORA_API remora_status_t remora_options_init_sized(remora_options_t* opts, siz
 REMORA_API remora_status_t remora_attach(pid_t pid, const remora_options_t* opts) {
   return fenced("remora_attach", [&] {
     if (check_pid(pid, false) != REMORA_STATUS_SUCCESS) return REMORA_STATUS_INVALID_ARGUMENT;
+    // The process before the options: a zombie is refused as such, also
+    // with a tool list that would not do.
+    if (auto c = check_target(pid, opts && opts->size >= kOptionsV1Size && opts->attach_children);
+        c != REMORA_STATUS_SUCCESS)
+      return c;
     auto o = convert(opts);
     if (!o) return fail(o.error());
     if (opts->attach_children) return attach_tree(pid, *o);
@@ -333,6 +352,7 @@ REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t
 REMORA_API remora_status_t remora_attach_tree(pid_t root, const remora_options_t* opts) {
   return fenced("remora_attach_tree", [&] {
     if (check_pid(root, false) != REMORA_STATUS_SUCCESS) return REMORA_STATUS_INVALID_ARGUMENT;
+    if (auto c = check_target(root, true); c != REMORA_STATUS_SUCCESS) return c;
     auto o = convert(opts);
     if (!o) return fail(o.error());
     return attach_tree(root, *o);
@@ -382,6 +402,17 @@ REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state)
     full.size = static_cast<uint32_t>(whole);
     std::memcpy(static_cast<void*>(state), &full, whole);
     return REMORA_STATUS_SUCCESS;
+  });
+}
+
+REMORA_API remora_status_t remora_check_target(pid_t pid, uint32_t flags) {
+  return fenced("remora_check_target", [&] {
+    if (check_pid(pid, false) != REMORA_STATUS_SUCCESS) return REMORA_STATUS_INVALID_ARGUMENT;
+    if ((flags & ~REMORA_CHECK_TREE) != 0)
+      return fail(REMORA_STATUS_INVALID_ARGUMENT, "remora_check_target: unknown flags " +
+                                                      std::to_string(flags & ~REMORA_CHECK_TREE) +
+                                                      " (this library knows REMORA_CHECK_TREE)");
+    return check_target(pid, (flags & REMORA_CHECK_TREE) != 0);
   });
 }
 
