@@ -6,6 +6,7 @@
 
 #include "attach_helpers.h"
 #include "procfs/procfs.h"
+#include "remote/target.h"
 #include "remote/visible_file.h"
 
 namespace remora::test {
@@ -412,6 +413,102 @@ TEST_F(AttachErrors, MissingProcess) {
   auto tree = c.attach_tree(gone, options_for(log_));
   ASSERT_FALSE(tree.ok());
   EXPECT_EQ(tree.error().code(), Errc::kNoSuchProcess) << describe(tree.error());
+}
+
+// Every Controller entry point refuses a zombie first, in the words of
+// remote::Target::open (what `remora call` says), with its own context.
+TEST_F(AttachErrors, ZombieIsRefusedAsSuchEverywhere) {
+  pid_t z = fork();
+  ASSERT_GE(z, 0);
+  if (z == 0) _exit(0);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      int st;
+      waitpid(pid, &st, 0);
+    }
+  } reap{z};
+  ASSERT_TRUE(wait_for([&] { return process_state(z) == 'Z'; }, after(10s)));
+  const std::string p = std::to_string(z);
+  const std::string refusal = "process " + p + " is a zombie: it has exited and waits for its parent (" +
+                              std::to_string(getpid()) + ") to reap it; there is nothing left to trace";
+  auto opened = remote::Target::open(z);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.error().to_string(), "open process " + p + ": " + refusal);
+  Controller c;
+  auto a = c.attach(z, options_for(log_));
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.error().code(), Errc::kZombie);
+  EXPECT_EQ(a.error().to_string(), "attach to process " + p + ": " + refusal);
+  auto t = c.attach_tree(z, options_for(log_));
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().to_string(), "attach to process " + p + ": " + refusal);
+  auto d = c.detach(z);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().to_string(), "detach from process " + p + ": " + refusal);
+  auto dt = c.detach_tree(z, attach::DetachOptions{});
+  ASSERT_FALSE(dt.ok());
+  EXPECT_EQ(dt.error().to_string(), "detach from process " + p + ": " + refusal);
+  auto s = Controller::status(z);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().to_string(), refusal);
+  EXPECT_TRUE(log_.lines().empty()) << log_.dump();
+}
+
+// A statically linked process: refused before any tool is looked for (a
+// missing tool would say otherwise), for the tree too (it has no children).
+TEST_F(AttachErrors, StaticBinaryIsRefusedFirst) {
+  TargetProcess target("remora_target_static");
+  const std::string p = std::to_string(target.pid());
+  const std::string refusal =
+      "process " + p +
+      " is statically linked (no dynamic loader, no libc.so): Remora loads its agent and "
+      "tools through the target's shared libc and cannot attach tools to it";
+  Controller c;
+  for (bool tree : {false, true}) {
+    auto opts = options_for(log_, {"/nonexistent/libremora-no-such-tool.so"});
+    std::optional<Error> e;
+    if (tree) {
+      if (auto r = c.attach_tree(target.pid(), opts); !r) e = r.error();
+    } else {
+      if (auto r = c.attach(target.pid(), opts); !r) e = r.error();
+    }
+    ASSERT_TRUE(e.has_value()) << tree;
+    EXPECT_EQ(e->code(), Errc::kStaticBinary) << tree;
+    EXPECT_EQ(e->to_string(), "attach to process " + p + ": " + refusal) << tree;
+  }
+  auto s = Controller::status(target.pid());
+  ASSERT_TRUE(s.ok()) << describe(s.error());  // status reads: no refusal
+  EXPECT_FALSE(s->agent_loaded);
+}
+
+// A kernel thread, and a process gone: the same words as the remote layer's.
+TEST_F(AttachErrors, KernelThreadAndGoneAreRefusedAsByTheRemoteLayer) {
+  Controller c;
+  std::vector<pid_t> pids;
+  if (auto kt = find_kernel_thread()) pids.push_back(*kt);
+  pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  int st;
+  ASSERT_EQ(waitpid(gone, &st, 0), gone);
+  pids.push_back(gone);
+  for (pid_t pid : pids) {
+    const std::string p = std::to_string(pid);
+    auto opened = remote::Target::open(pid);
+    ASSERT_FALSE(opened.ok());
+    const std::string refusal = opened.error().to_string().substr(("open process " + p + ": ").size());
+    auto a = c.attach(pid, options_for(log_));
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.error().code(), opened.error().code());
+    EXPECT_EQ(a.error().to_string(), "attach to process " + p + ": " + refusal);
+    auto t = c.attach_tree(pid, options_for(log_));
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.error().to_string(), "attach to process " + p + ": " + refusal);
+    auto s = Controller::status(pid);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().to_string(), refusal);
+  }
 }
 
 // The target exits in the middle of the attach (its thread polls its maps

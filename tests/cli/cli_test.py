@@ -73,7 +73,9 @@ def spawn(argv, **kw):
 
 
 def cleanup():
-    for p in PROCS:
+    # Newest first: a tracer (refusal_helper.py trace) goes before its
+    # tracee, which its real parent cannot reap while the tracer holds it.
+    for p in reversed(PROCS):
         if p.poll() is None:
             try:
                 os.killpg(p.pid, signal.SIGKILL) if getattr(p, "own_group", False) else p.kill()
@@ -703,6 +705,142 @@ def test_attach_unload_with_keep_is_a_usage_error(tmp):
     rc, out, err = remora("attach", "-p", os.getpid(), "--keep", "--unload")
     check(rc == 1 and "--unload" in err, "attach --keep --unload is refused as a usage error (exit 1)",
           show(rc, out, err))
+
+
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "refusal_helper.py")
+
+
+def helper(*args):
+    """refusal_helper.py ARGS, its "ready ..." line read (deadline): (Popen, [ints])."""
+    p = spawn([sys.executable, HELPER] + [str(a) for a in args], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    line = read_until(p, "\n", 10).strip()
+    if not line.startswith("ready "):
+        return p, None, line
+    return p, [int(x) for x in line.split()[1:]], line
+
+
+def end_helper(p):
+    p.stdin.close()
+    p.wait(timeout=10)
+
+
+def refusal_of_call(pid):
+    """`remora call`'s refusal of `pid`, without its context: the same text
+    every other command must give."""
+    rc, out, err = remora("call", "-p", pid, "getpid")
+    first = err.splitlines()[0] if err else ""
+    m = re.match(r"remora: error: (?:.*?: )?(process %d .*|no process %d .*)$" % (pid, pid), first)
+    check(m, "remora call refuses process %d" % pid, show(rc, out, err))
+    return rc, m.group(1)
+
+
+def refusal_targets(tmp):
+    """(name, pid, cleanup) of each process every entry point must refuse
+    for what it is: gone, a zombie, a kernel thread, traced by another,
+    statically linked. Skipped ones are said so."""
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=10)
+    out = [("gone", gone.pid, None)]
+    zp, pids, line = helper("zombie-parent")
+    check(pids, "the zombie helper is ready", line)
+    out.append(("zombie", pids[1], None))
+    if os.path.exists("/proc/2/status") and "kthreadd" in open("/proc/2/status").read():
+        out.append(("kernel thread", 2, None))
+    else:
+        print("      (kernel thread skipped: pid 2 is not kthreadd here, e.g. in a pid namespace)")
+    tree = Tree(tmp, 0)
+    tracer, tpids, line = helper("trace", tree.pid)
+    if tpids:
+        out.append(("traced", tree.pid, tracer))
+    else:
+        print("      (traced skipped: the helper could not seize: %s)" % line)
+    ready = os.path.join(tmp, "ready-static")
+    spawn([ARGS.static_target, "0", ready])
+    spid = int(wait_for(lambda: os.path.exists(ready) and open(ready).read(), 10, "the static target").split()[0])
+    out.append(("static", spid, None))
+    return out, zp
+
+
+def first_line(err):
+    return err.splitlines()[0] if err else ""
+
+
+def test_refusals_come_before_any_output(tmp):
+    # For each entry point of the command, the process is refused first, as
+    # `remora call` refuses it (same text, same exit code), before a tool is
+    # looked for or an output directory planned: the default tool is used
+    # (no -t), and neither remora's working directory nor the directory
+    # given with -e REMORA_OUTPUT_PATH gets anything.
+    targets, zp = refusal_targets(tmp)
+    cwd = os.path.join(tmp, "cwd")
+    os.makedirs(cwd)
+    given = os.path.join(tmp, "given-output")
+    for name, pid, _ in targets:
+        if name == "gone" and os.path.exists("/proc/%d" % pid):
+            continue  # reused meanwhile
+        code, refusal = refusal_of_call(pid)
+        if name == "static":
+            # Call and attach each say what they cannot do through a static
+            # program's libc: the same refusal, each its own ending.
+            check(refusal.endswith("Remora calls through the target's shared libc and cannot call into it"),
+                  "call's refusal of a static program", refusal)
+            refusal = refusal.split(": Remora ")[0] + (": Remora loads its agent and tools through the target's "
+                                                       "shared libc and cannot attach tools to it")
+        for extra in ([], ["--attach-children=false"], ["-e", "REMORA_OUTPUT_PATH=" + given]):
+            rc, out, err = remora("attach", "-p", pid, "-d", 100, *extra, cwd=cwd)
+            want = "remora: error: attach to process %d: %s" % (pid, refusal)
+            check(rc == code and first_line(err) == want and out == "",
+                  "attach %s to a %s process exits %d with: %s" % (" ".join(extra), name, code, want),
+                  show(rc, out, err))
+            check(os.listdir(cwd) == [] and not os.path.exists(given),
+                  "attach to a %s process made no output directory" % name, str(os.listdir(cwd)))
+        for tree in ([], ["--tree"]):
+            rc, out, err = remora("detach", "-p", pid, *tree)
+            want = "remora: error: detach from process %d: %s" % (pid, refusal)
+            check(rc == code and first_line(err) == want and out == "",
+                  "detach %s from a %s process exits %d with: %s" % (" ".join(tree), name, code, want),
+                  show(rc, out, err))
+        rc, out, err = remora("status", "-p", pid)
+        if name in ("traced", "static"):
+            # Status stops nothing and calls nothing: it reads these.
+            check(rc == 0 and "\n%-8d" % pid in "\n" + out, "status of a %s process shows it" % name,
+                  show(rc, out, err))
+        else:
+            want = "remora: error: status of process %d: %s" % (pid, refusal)
+            check(rc == code and first_line(err) == want and out == "",
+                  "status of a %s process exits %d with: %s" % (name, code, want), show(rc, out, err))
+    for name, pid, tracer in targets:
+        if tracer:
+            end_helper(tracer)
+    end_helper(zp)
+
+
+def test_refusal_of_remora_itself(tmp):
+    # `remora attach -p` its own pid (a shell exec'ing it): refused as such.
+    p = subprocess.run(["sh", "-c", 'exec "$0" attach -p $$ -d 100', ARGS.remora], capture_output=True, text=True,
+                       timeout=30, cwd=tmp)
+    rc, out, err = p.returncode, p.stdout, p.stderr
+    check(rc == 2 and re.match(r"remora: error: attach to process (\d+): pid \1 is this process itself; ",
+                               first_line(err)) and out == "" and os.listdir(tmp) == [],
+          "remora refuses to attach to itself, first", show(rc, out, err))
+
+
+def test_zombie_child_in_a_tree(tmp):
+    # A zombie below the root is reported on its own line; the others attach.
+    zp, pids, line = helper("zombie-parent")
+    check(pids, "the zombie helper is ready", line)
+    parent, zombie = pids
+    log = os.path.join(tmp, "hook.log")
+    rc, out, err = remora("attach", "-p", parent, "-t", ARGS.hook_tool, "-e", "REMORA_HOOK_LOG=" + log, "-d", 100,
+                          "--no-follow")
+    row = re.search(r"^  %-8d \S+\s+(.*)$" % zombie, out, re.M)
+    check(rc == 0 and row and "is a zombie" in row.group(1), "the zombie child has its own line; exit 0",
+          show(rc, out, err))
+    check(re.search(r"^  %-8d \S+\s+attached " % parent, out, re.M), "the parent attached", out)
+    ev = hook_events(log)
+    check(count(ev, parent, "tool_attach") == 1 and count(ev, parent, "tool_detach") == 1,
+          "the parent's tool ran", str(ev))
+    end_helper(zp)
 
 
 TESTS = [v for k, v in list(globals().items()) if k.startswith("test_")]
