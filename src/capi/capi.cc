@@ -253,11 +253,11 @@ REMORA_API remora_status_t remora_options_init_sized(remora_options_t* opts, siz
 REMORA_API remora_status_t remora_attach(pid_t pid, const remora_options_t* opts) {
   return fenced("remora_attach", [&] {
     if (check_pid(pid, false) != REMORA_STATUS_SUCCESS) return REMORA_STATUS_INVALID_ARGUMENT;
-    // The process before the options: a zombie is refused as such, also
-    // with a tool list that would not do.
-    if (auto c = check_target(pid, opts && opts->size >= kOptionsV1Size && opts->attach_children);
-        c != REMORA_STATUS_SUCCESS)
-      return c;
+    // A struct that cannot be read is the caller's bug, said first; then the
+    // process, before the tools: a zombie is refused as such, also with a
+    // tool list that would not do.
+    if (!opts || opts->size < kOptionsV1Size) return fail(convert(opts).error());
+    if (auto c = check_target(pid, opts->attach_children); c != REMORA_STATUS_SUCCESS) return c;
     auto o = convert(opts);
     if (!o) return fail(o.error());
     if (opts->attach_children) return attach_tree(pid, *o);
@@ -352,6 +352,7 @@ REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t
 REMORA_API remora_status_t remora_attach_tree(pid_t root, const remora_options_t* opts) {
   return fenced("remora_attach_tree", [&] {
     if (check_pid(root, false) != REMORA_STATUS_SUCCESS) return REMORA_STATUS_INVALID_ARGUMENT;
+    if (!opts || opts->size < kOptionsV1Size) return fail(convert(opts).error());
     if (auto c = check_target(root, true); c != REMORA_STATUS_SUCCESS) return c;
     auto o = convert(opts);
     if (!o) return fail(o.error());

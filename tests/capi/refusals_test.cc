@@ -137,7 +137,8 @@ class CapiRefusals : public ::testing::Test {
 
   // Every attach entry point refuses `pid` with `status` and the first line
   // `message`; so does one given options it would refuse otherwise (no tool):
-  // the process comes first.
+  // the process comes first. (Only options that cannot be read at all, NULL
+  // or too small, are said before it: the caller's bug.)
   void expect_refused(pid_t pid, remora_status_t status, const std::string& message, bool prefix = false) {
     remora_options_t no_tool;
     ASSERT_EQ(remora_options_init(&no_tool), REMORA_STATUS_SUCCESS);
@@ -157,7 +158,6 @@ class CapiRefusals : public ::testing::Test {
         run("attach tree", remora_attach_tree(pid, &opts_)),
         run("attach, no tool", remora_attach(pid, &no_tool)),
         run("attach tree, no tool", remora_attach_tree(pid, &no_tool)),
-        run("attach, NULL options", remora_attach(pid, nullptr)),
     };
     for (const auto& c : cases) {
       EXPECT_EQ(c.got, status) << c.what << ": " << remora_status_name(c.got) << ": " << c.error;
