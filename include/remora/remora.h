@@ -279,7 +279,8 @@ REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state)
 
 /*
  * The refusals about process `pid` itself, which remora_attach and
- * remora_attach_tree make first, before they look at the options: for a
+ * remora_attach_tree make first, before they look at the options (beyond
+ * a NULL pointer or a size too small, the caller's bug): for a
  * caller that prepares an attach (finds its tools, makes an output
  * directory) and wants to know first. Reads /proc only and changes nothing.
  * Fails, with the message remora_attach would give ("attach to process N:
