@@ -1,10 +1,14 @@
 // libremora-agent.so — Remora's in-target runtime.
 //
-// Small on purpose: no exceptions, hidden visibility, no global constructor
-// beyond the one that starts the listener. Everything it does for the
-// controller runs on its own listener thread ("remora-listen"), which the
-// controller seizes and makes call the entry points below: after the agent is
-// in, no application thread is ever hijacked again.
+// Small on purpose: no exceptions, hidden visibility, and a constructor that
+// starts nothing: no thread of the agent's exists until a controller asks for
+// its listener (remora_agent_start_listener, on a fresh thread of the
+// controller's; agent/protocol.h, LISTENER_ON_REQUEST). A preloaded agent so
+// costs a program that changes its credentials nothing (glibc aborts a
+// process whose set*id fails on one thread and not on another). Everything it
+// does for the controller runs on its own listener thread ("remora-listen"),
+// which the controller seizes and makes call the entry points below: after
+// the listener is up, no application thread is ever hijacked again.
 //
 // The listener waits in a futex wait with every signal blocked and no lock
 // held: it uses no CPU, it never receives the application's signals, and a
@@ -595,10 +599,45 @@ bool start_thread(pthread_t* thread, void* (*fn)(void*), OwnStack* stack) {
 // The listener is detached: nobody joins it. Its stack is unmapped by the
 // agent's destructor, which runs in the dlclose of an unload, once the
 // controller has seen the listener's thread gone.
-void start_listener() {
+bool start_listener() {
   remora_agent_info.listener_tid = 0;
   pthread_t t;
-  if (start_thread(&t, listener_main, &g_listener_stack)) pthread_detach(t);
+  if (!start_thread(&t, listener_main, &g_listener_stack)) return false;
+  pthread_detach(t);
+  return true;
+}
+
+// Orders the listener's start between racing controllers' start hooks and a
+// loader attach (each on a fresh thread of its controller's).
+pthread_mutex_t g_listener_start_lock = PTHREAD_MUTEX_INITIALIZER;
+
+// Starts the listener unless one was asked for already in this process
+// image (a second controller's request finds it started and does nothing).
+int request_listener() {
+  pthread_mutex_lock(&g_listener_start_lock);
+  int rc = REMORA_AGENT_OK;
+  if (__atomic_load_n(&remora_agent_info.listener_requested, __ATOMIC_ACQUIRE) == 0) {
+    if (start_listener())
+      __atomic_store_n(&remora_agent_info.listener_requested, 1, __ATOMIC_RELEASE);
+    else
+      rc = REMORA_AGENT_ERR_NO_LISTENER;
+  }
+  pthread_mutex_unlock(&g_listener_start_lock);
+  return rc;
+}
+
+// The reference a RTLD_NOLOAD dlopen of the agent took (the start hook's
+// trampoline), given back: an unload's one dlclose must still unload an
+// agent that was injected, and a preloaded one keeps its count as it was.
+// dladdr names the agent as the loader knows it; our own lookup's reference
+// goes too (two closes for two opens).
+void drop_loader_reference() {
+  Dl_info di{};
+  if (dladdr(reinterpret_cast<void*>(&remora_agent_info), &di) == 0 || di.dli_fname == nullptr) return;
+  void* self = dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  if (self == nullptr) return;
+  dlclose(self);
+  dlclose(self);
 }
 
 // fork(): an entry point in progress (attach, detach, a lease change, the
@@ -691,7 +730,13 @@ void after_fork_child() {
   if (!on(g_lease_stack)) free_stack(&g_lease_stack);
   if (!on(g_listener_stack)) free_stack(&g_listener_stack);
   (void)inherit_lease_in_child();
-  start_listener();
+  // A child that keeps an attached session gets its listener now (its
+  // controller adopts it, or its lease detaches it); any other starts none
+  // until a controller asks, as a freshly loaded agent.
+  pthread_mutex_init(&g_listener_start_lock, nullptr);
+  const bool keeps_session = remora_agent_info.attached != 0;
+  __atomic_store_n(&remora_agent_info.listener_requested, keeps_session && start_listener() ? 1 : 0,
+                   __ATOMIC_RELEASE);
 }
 
 __attribute__((constructor)) void agent_init() {
@@ -699,9 +744,10 @@ __attribute__((constructor)) void agent_init() {
   remora_agent_info.version = REMORA_AGENT_PROTOCOL_VERSION;
   remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER |
                                REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD |
-                               REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH;
+                               REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH |
+                               REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST;
   pthread_atfork(nullptr, nullptr, after_fork_child);
-  start_listener();
+  // No listener: a controller asks for it (remora_agent_start_listener).
   __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -794,6 +840,9 @@ REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* 
   const char* list = reinterpret_cast<const char*>(r->tool_list);
   const size_t list_len = strnlen(list, kWorkBytes);
   if (list_len == kWorkBytes || r->env_size > kWorkBytes) return REMORA_AGENT_ERR_BAD_ARGUMENT;
+  // The listener runs the attach this hands it: started first (an agent
+  // just loaded has none yet).
+  if (const int started = request_listener(); started != REMORA_AGENT_OK) return started;
   pthread_mutex_lock(&g_work_lock);
   if (g_work.queued) {  // another controller's, not finished yet
     pthread_mutex_unlock(&g_work_lock);
@@ -823,6 +872,14 @@ REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* 
   __atomic_fetch_or(&g_futex_word, kWorkBit, __ATOMIC_RELEASE);
   syscall(SYS_futex, &g_futex_word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
   return REMORA_AGENT_OK;  // taken: the listener attaches once this thread is gone
+}
+
+// See agent/protocol.h: the controller's request for the listener, on a
+// fresh thread of its (the trampoline's hook, after its dlopen of the agent:
+// RTLD_NOLOAD when the agent was in the process already).
+REMORA_EXPORT int remora_agent_start_listener(uint64_t drop_reference) {
+  if (drop_reference != 0) drop_loader_reference();
+  return request_listener();
 }
 
 // The first attach after the agent was loaded. [scratch, scratch + size) is

@@ -23,7 +23,9 @@
  * forked while attached). */
 /* 5: REMORA_AGENT_FEATURE_LOADER_ATTACH (remora_agent_loader_attach) and
  * the field at the end of the info block, retire_pending. */
-#define REMORA_AGENT_PROTOCOL_VERSION 5u
+/* 6: REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST (remora_agent_start_listener)
+ * and the field at the end of the info block, listener_requested. */
+#define REMORA_AGENT_PROTOCOL_VERSION 6u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -60,6 +62,21 @@
  * scratch and the loader's stack once that thread is gone. */
 #define REMORA_AGENT_FEATURE_LOADER_ATTACH 0x20u
 
+/* The agent starts no thread of its own when it is loaded: not the listener,
+ * not anything else, until an attach is asked for. Every thread of a process
+ * takes part in glibc's set*id broadcast, and a program that changes its
+ * credentials with per-thread state (setpriv and capsh raise capabilities or
+ * PR_SET_KEEPCAPS on the main thread only) is aborted by glibc when one
+ * thread's setresuid/setresgid fails where the main thread's succeeded. A
+ * preloaded agent therefore costs such a program nothing until a controller
+ * asks. The controller starts the listener: it runs the thread trampoline
+ * (arch/loader_block.h) with dlopen(soname, RTLD_NOW | RTLD_NOLOAD) and the
+ * hook remora_agent_start_listener (an injected agent: the hook of the load
+ * itself, or remora_agent_loader_attach, which starts it too), then waits for
+ * listener_tid as before. A forked child starts a listener only when it keeps
+ * an attached session; otherwise it is on request again. */
+#define REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST 0x40u
+
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
   REMORA_AGENT_OK = 0,
@@ -76,6 +93,9 @@ enum remora_agent_result {
    * it (remora_agent_loader_attach) when this call interrupted it: nothing
    * done, info untouched; try again once that attach is over. */
   REMORA_AGENT_ERR_BUSY = 10,
+  /* Protocol 6: the listener thread could not be started (out of threads or
+   * memory: pthread_create or mmap failed). */
+  REMORA_AGENT_ERR_NO_LISTENER = 11,
 };
 
 /* Exported by the agent as `remora_agent_info`. Written only by the agent
@@ -108,6 +128,11 @@ struct remora_agent_info {
    * controller has read all it needs from its scratch (the listener
    * retires it only then, or once the request's ack_timeout_ms passed). */
   uint64_t retire_go;
+  /* Protocol 6 (REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST): 1 once a listener
+   * was asked for in this process (listener_tid is then published soon, or
+   * is already), 0 while none was: the controller must start one. */
+  int32_t listener_requested;
+  int32_t reserved6;
 };
 
 /* The argument of remora_agent_loader_attach, in the controller's scratch
@@ -178,7 +203,16 @@ struct remora_agent_loader_request {
  *     passed, it unmaps r->retire (the scratch while its header is still
  *     there, the stack only if the loader thread ran on it) and clears
  *     retire_pending. Only for an attach without a lease: a leased attach is
- *     a remote call.
+ *     a remote call. Protocol 6: starts the listener first when none was
+ *     (NO_LISTENER when it cannot: not taken).
+ * int remora_agent_start_listener(uint64_t drop_reference);
+ *     Protocol 6. Not a remote call either: the trampoline's hook, on the
+ *     controller's fresh thread, after its dlopen returned. Starts the
+ *     listener once per process (a second call, from a racing controller,
+ *     finds it started and does nothing) and returns 0, or NO_LISTENER. With
+ *     drop_reference non-zero the dlopen was a RTLD_NOLOAD of an agent that
+ *     was loaded already (preloaded, or forked): the reference it took is
+ *     given back here, so that an unload's one dlclose still unloads.
  * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
  *     read_fd: read end of a pipe whose only write end the controller holds
  *     (-1 disarms); controller_pid is informational. Refuses (ERR_LEASE,

@@ -1,7 +1,7 @@
-// `remora run`: starts a program with Remora's agent preloaded (so its
-// listener exists from the first instruction of main), attaches the tools
-// as soon as the listener is up, keeps them attached until the program
-// exits, and exits with the program's status. remora's own messages go to
+// `remora run`: starts a program with Remora's agent preloaded (it starts
+// no thread until an attach asks for one), attaches the tools once the
+// program's start-up has settled (RunAttacher), keeps them attached until
+// the program exits, and exits with the program's status. remora's own messages go to
 // stderr: stdout belongs to the program.
 #include <fcntl.h>
 #include <poll.h>
@@ -26,6 +26,7 @@
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
+#include "procfs/procfs.h"
 
 extern char** environ;
 
@@ -161,44 +162,89 @@ struct Child {
   }
 };
 
-// Attaches the tools once the agent's listener is up (its constructor
-// starts it: it shows in the agent's info block, read without stopping
-// anything). A failure is reported; CMD runs on without tools.
-void attach_when_ready(attach::Controller& ctl, Child& c, const RunCommandOptions& o,
-                       const ToolSelection& tools, const EnvList& env, const std::string& agent) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms);
-  bool ready = false;
-  while (!c.exited && !ready) {
-    auto st = attach::Controller::status(c.pid);
-    if (st && st->agent_loaded && st->listener_tid != 0) {
-      ready = true;
-      break;
-    }
-    if (Clock::now() >= deadline) break;
-    c.wait_some(std::min(deadline, Clock::now() + std::chrono::milliseconds(5)));
-  }
-  if (!ready) {
-    if (!c.exited)
-      print_error("the agent's listener did not start in pid " + std::to_string(c.pid) + " within " +
-                  std::to_string(o.timeout_ms) +
-                  " ms (a statically linked or setuid program ignores LD_PRELOAD); it runs without tools");
-    return;
-  }
-  attach::AttachOptions opts;
-  opts.tools = tools.paths;
-  opts.env = env;
-  opts.timeout = std::chrono::milliseconds(o.timeout_ms);
-  opts.lease = true;  // if remora dies, the tools detach (and write their output)
-  opts.agent_path = agent;
-  auto r = ctl.attach(c.pid, opts);
-  if (r) {
-    std::string names;
-    for (const auto& p : tools.paths) names += (names.empty() ? "" : ", ") + p.substr(p.rfind('/') + 1);
-    note("attached " + names + " to pid " + std::to_string(c.pid) + "; they stay attached until it exits");
-  } else if (!c.exited && !pidfd_exited(c.pidfd.get())) {
-    print_error(r.error().to_string() + "; pid " + std::to_string(c.pid) + " runs on without tools");
-  }
+// The program's image: its auxiliary vector, which every exec writes anew
+// (AT_RANDOM, AT_ENTRY, the stack's addresses), read without stopping it.
+std::string image_of(pid_t pid) {
+  auto auxv = procfs::read_bytes("/proc/" + std::to_string(pid) + "/auxv");
+  return auxv ? std::string(reinterpret_cast<const char*>(auxv->data()), auxv->size()) : std::string();
 }
+
+// Attaches the tools to each program CMD becomes, once its start-up has
+// settled: its agent loaded, and no exec for kSettle. A launcher that drops
+// privileges and execs the real program (setpriv, su, runuser, capsh) is
+// never attached: a thread of ours there would meet its credential change
+// (glibc aborts a process whose set*id fails on one thread only), and the
+// tools would go with its exec anyway. A program that execs later is
+// attached again in its new image (its tools went with the old one).
+class RunAttacher {
+ public:
+  // A launcher (setpriv, su, runuser) execs its program within a few ms of
+  // its own exec; 100 ms leaves a loaded machine's scheduler room, and is
+  // all a program's profile misses of its start.
+  static constexpr auto kSettle = std::chrono::milliseconds(100);
+  static constexpr auto kWatch = std::chrono::milliseconds(50);  // an exec, once attached
+
+  RunAttacher(attach::Controller& ctl, const RunCommandOptions& o, const ToolSelection& tools, const EnvList& env,
+              std::string agent)
+      : ctl_(ctl), o_(o), tools_(tools), env_(env), agent_(std::move(agent)) {}
+
+  // One look at CMD; returns when to look again.
+  Clock::time_point step(Child& c) {
+    const auto now = Clock::now();
+    std::string image = image_of(c.pid);
+    if (image.empty()) return now + kWatch;  // gone, or between exec's steps
+    if (image != image_) {
+      image_ = std::move(image);
+      since_ = now;
+      done_ = false;
+    }
+    if (done_) return now + kWatch;
+    if (now - since_ < kSettle) return since_ + kSettle;
+    auto st = attach::Controller::status(c.pid);
+    if (!st || !st->agent_loaded) {
+      if (now - since_ < std::chrono::milliseconds(o_.timeout_ms)) return now + std::chrono::milliseconds(5);
+      done_ = true;
+      if (!c.exited && !pidfd_exited(c.pidfd.get()))
+        print_error("the agent did not load in pid " + std::to_string(c.pid) + " within " +
+                    std::to_string(o_.timeout_ms) +
+                    " ms (a statically linked or setuid program ignores LD_PRELOAD); it runs without tools");
+      return now + kWatch;
+    }
+    done_ = true;
+    attach_now(c);
+    return Clock::now() + kWatch;
+  }
+
+ private:
+  void attach_now(Child& c) {
+    attach::AttachOptions opts;
+    opts.tools = tools_.paths;
+    opts.env = env_;
+    opts.timeout = std::chrono::milliseconds(o_.timeout_ms);
+    opts.lease = true;  // if remora dies, the tools detach (and write their output)
+    opts.agent_path = agent_;
+    auto r = ctl_.attach(c.pid, opts);
+    if (r) {
+      std::string names;
+      for (const auto& p : tools_.paths) names += (names.empty() ? "" : ", ") + p.substr(p.rfind('/') + 1);
+      note("attached " + names + " to pid " + std::to_string(c.pid) + (attached_once_ ? " (it exec'ed)" : "") +
+           "; they stay attached until it exits");
+      attached_once_ = true;
+    } else if (!c.exited && !pidfd_exited(c.pidfd.get())) {
+      print_error(r.error().to_string() + "; pid " + std::to_string(c.pid) + " runs on without tools");
+    }
+  }
+
+  attach::Controller& ctl_;
+  const RunCommandOptions& o_;
+  const ToolSelection& tools_;
+  const EnvList& env_;
+  std::string agent_;
+  std::string image_;
+  Clock::time_point since_{};
+  bool done_ = false;
+  bool attached_once_ = false;
+};
 
 int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
   if (words.empty()) {
@@ -237,8 +283,9 @@ int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
        " preloaded");
 
   attach::Controller ctl;
-  if (tools) attach_when_ready(ctl, child, o, *tools, *env, *agent);
-  while (!child.exited) child.wait_some(std::nullopt);
+  std::optional<RunAttacher> attacher;
+  if (tools) attacher.emplace(ctl, o, *tools, *env, *agent);
+  while (!child.exited) child.wait_some(attacher ? std::optional(attacher->step(child)) : std::nullopt);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -266,13 +313,16 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
   sub->add_flag("--no-tool", opts->no_tool, "Preload the agent only (attach later with remora attach -p PID)")
       ->excludes(tools);
   add_timeout_option(sub, opts->timeout_ms,
-                     "Deadline for the agent's listener to start and for the attach, in milliseconds");
+                     "Deadline for the agent to load in each program CMD runs and for the attach, in milliseconds");
   sub->footer(
       "CMD runs with LD_PRELOAD=<libremora-agent.so> (appended to an existing LD_PRELOAD)\n"
       "and remora's signal mask; SIGINT, SIGTERM and SIGHUP sent to remora are forwarded\n"
       "to it. remora writes its own messages to stderr and exits with CMD's status\n"
-      "(128+N when a signal N killed it; 127: CMD not found, 126: not executable). An\n"
-      "attach that fails is reported, and CMD runs on without tools.\n"
+      "(128+N when a signal N killed it; 127: CMD not found, 126: not executable). The\n"
+      "tools are attached once CMD's start-up settled (no exec for 100 ms), and again\n"
+      "in each program it execs later: a launcher that drops privileges and execs\n"
+      "(setpriv, su, runuser) is skipped. An attach that fails is reported, and CMD\n"
+      "runs on without tools.\n"
       "\n"
       "Examples:\n"
       "  remora run -- ./server --port 8080\n"

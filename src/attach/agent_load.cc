@@ -124,15 +124,19 @@ namespace {
 // `stack_out`: see run_trampoline_thread.
 // `hook`: the attach the loader thread hands the agent (LoaderAttach);
 // `hook_taken` is set when the agent took it.
+// `plain`: a hook without a request (the agent's listener start), when
+// `hook` is null.
 Result<pid_t> load_library(remote::Target& t, const std::string& path, const std::string& what,
                            const Deadline& deadline, OwnedFile* kept,
                            remote::RemoteHandle* stack_out = nullptr, uint64_t* handle_out = nullptr,
-                           const LoaderAttach* hook = nullptr, bool* hook_taken = nullptr) {
+                           const LoaderAttach* hook = nullptr, bool* hook_taken = nullptr,
+                           const PlainHook* plain = nullptr) {
   // The library's memfd (if it needs one) is closed in the target when `vf`
   // goes, if the load fails; loaded, it goes to `kept`.
   auto vf = REMORA_TRY_CTX(make_visible_owned(t, path), "make " + what + " visible to the target");
   LoaderRun run;
   run.hook = hook;
+  run.plain = hook == nullptr ? plain : nullptr;
   const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
   REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, vf.path, deadline, stack_out));
   // 0: taken; BUSY (another controller's in progress), BAD_ARGUMENT, or
@@ -254,15 +258,9 @@ std::optional<LoaderAttach> loader_attach_for(remote::Target& t, const AttachOpt
   h.id = (static_cast<uint64_t>(getpid()) << 32) | (++seq & 0xffffffffu);
   h.timeout = opts.timeout;
   if (h.list.empty() || h.list.size() + h.env.size() > 8192) return std::nullopt;  // the scratch's room
-  const remote::Target::SymbolQuery q[] = {{"dlsym", true, false}};
-  auto fns = t.find_symbols("libc.so.6", q);
-  h.dlsym_fn = fns ? (*fns)[0] : RemoteAddr();
-  if (h.dlsym_fn.null()) {  // before glibc 2.34
-    const remote::Target::SymbolQuery dq[] = {{"dlsym"}};
-    auto dl = t.find_symbols("libdl.so.2", dq);
-    if (!dl) return std::nullopt;
-    h.dlsym_fn = (*dl)[0];
-  }
+  auto dlsym_fn = find_dlsym(t);
+  if (!dlsym_fn) return std::nullopt;
+  h.dlsym_fn = *dlsym_fn;
   return h;
 }
 
@@ -324,9 +322,13 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
   remote::RemoteHandle stack;  // the loader thread's, which is gone: removed on any failure
   JustLoaded just{0, path};
   const auto hook = loader_attach_for(t, opts);
+  // Without the loader's attach, the loader thread still starts the
+  // agent's listener (its constructor starts none: LISTENER_ON_REQUEST).
+  PlainHook start;
+  if (!hook) start = PlainHook{REMORA_TRY(find_dlsym(t)), kStartListenerFn, 0};
   bool taken = false;
   pid_t known_listener = REMORA_TRY(load_library(t, path, "the agent", deadline, agent_file, &stack,
-                                                 &just.handle, hook ? &*hook : nullptr, &taken));
+                                                 &just.handle, hook ? &*hook : nullptr, &taken, &start));
   if (taken) *loader_attach = hook->id;
   REMORA_LOG(kAttach, "pid %d: agent loaded%s", pid, taken ? ", its attach handed to the listener" : "");
   loaded = REMORA_TRY(resolve_agent(t, agent, /*retire_own=*/true, &just));

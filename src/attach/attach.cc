@@ -182,6 +182,13 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
   pid_t known_listener = REMORA_TRY_CTX(ensure_agent(t, pid, opts, deadline, &s->agent, &retired,
                                                      &out.agent_loaded_now, &agent_file, &loader_attach),
                                         ctx);
+  // An agent that was in the process already (preloaded, forked) has no
+  // listener until one is asked for.
+  bool started_listener = false;
+  if (!out.agent_loaded_now && needs_listener(REMORA_TRY_CTX(read_info_head(t, s->agent.info), ctx))) {
+    known_listener = REMORA_TRY_CTX(request_listener(t, pid, deadline), ctx);
+    started_listener = true;
+  }
   auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
   if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0 && info.unloading)
     return Error(
@@ -192,7 +199,7 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
                    std::to_string(pid) + ", then attach again")
         .with_context(ctx);
   s->listener = info.listener_tid;
-  if (out.agent_loaded_now) t.note_descendant_thread(s->listener);  // started by our loader thread
+  if (out.agent_loaded_now || started_listener) t.note_descendant_thread(s->listener);  // by our loader thread
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   if (loader_attach) {
     REMORA_TRY_CTX(finish_loader_attach(t, pid, s->agent, *loader_attach, deadline), ctx);
@@ -290,6 +297,19 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
   // the block's tail (`kept`, the agent's handle).
   auto info =
       REMORA_TRY_CTX(opts.unload ? read_info(t, s->agent.info) : read_info_head(t, s->agent.info), ctx);
+  if (needs_listener(info)) {
+    // An agent no controller called yet in this process image: nothing is
+    // attached, and a detach starts no thread to say so.
+    if (!info.attached && !opts.unload) {
+      finish();
+      return Error(Errc::kNotAttached, "no tools are attached to process " + std::to_string(pid) +
+                                           " (its agent is loaded and idle: no controller has attached yet)")
+          .with_context(ctx);
+    }
+    Deadline deadline = Deadline::after(opts.timeout);
+    const pid_t known = REMORA_TRY_CTX(request_listener(t, pid, deadline), ctx);
+    info.listener_tid = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known, deadline), ctx).listener_tid;
+  }
   if (opts.unload) {
     auto r = unload_agent(t, pid, s->agent, info, opts.timeout);
     finish();

@@ -49,6 +49,7 @@ using remote::CallArg;
 using remote::CallOptions;
 
 inline constexpr char kAgentName[] = "libremora-agent.so";
+inline constexpr char kStartListenerFn[] = "remora_agent_start_listener";
 
 // The agent's exported entry points and info block in one process.
 struct AgentSymbols {
@@ -125,11 +126,20 @@ struct LoaderAttach {
   std::chrono::milliseconds timeout{};  // the request's ack_timeout_ms
 };
 
+// A hook of the trampoline's that takes one integer and no request: the
+// agent's remora_agent_start_listener (request_listener, ensure_agent).
+struct PlainHook {
+  RemoteAddr dlsym_fn;
+  const char* name = nullptr;
+  uint64_t arg = 0;
+};
+
 // The loader thread at work: `block_at` is its block in the target.
 struct LoaderRun {
   uint64_t block_at = 0;
   x::LoaderBlock block{};
   const LoaderAttach* hook = nullptr;  // the attach to make on it, if any
+  const PlainHook* plain = nullptr;    // else a plain hook to call, if any
   bool hook_takes_stack = false;       // the agent removes the thread's stack (start_loader_thread)
   uint64_t start_at = 0;               // the loader start routine's block, once written (write_loader)
   x::LoaderStart start{};
@@ -139,8 +149,14 @@ struct LoaderRun {
   bool driven = false;  // the process is stopped: Remora ran the loader thread
 };
 
+// The hook's result, as the block has it once the trampoline is done:
+// kHookNotRun when the hook did not run (no such symbol in the library).
+inline constexpr uint64_t kHookNotRun = 0x7fffffffffffffffull;
+
 Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* block,
                                          std::array<RemoteAddr, 2>* stack_fns);
+// The target's dlsym (libc's, or libdl's before glibc 2.34).
+Result<RemoteAddr> find_dlsym(remote::Target& t);
 Result<void> run_trampoline_thread(remote::Target& t, RemoteAddr pthread_create_fn, LoaderRun& run,
                                    std::string_view path, const Deadline& deadline,
                                    remote::RemoteHandle* stack_out = nullptr);
@@ -181,6 +197,14 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
 void listener_as_we_name_it(pid_t pid, remora_agent_info* info, bool nested_pid_ns = true);
 Result<remora_agent_info> read_info(remote::Target& t, uint64_t addr);
 Result<remora_agent_info> read_info_head(remote::Target& t, uint64_t addr);
+// Whether the agent has no listener and none was asked for (an agent of
+// LISTENER_ON_REQUEST, preloaded or forked, that no controller called yet).
+bool needs_listener(const remora_agent_info& head);
+// Starts the listener of such an agent (needs_listener) on a fresh thread:
+// the trampoline's dlopen(libremora-agent.so, RTLD_NOLOAD) and its hook
+// remora_agent_start_listener(1). Returns the listener's tid when Remora had
+// to drive the thread (a stopped process), else 0.
+Result<pid_t> request_listener(remote::Target& t, pid_t pid, const Deadline& deadline);
 Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
                                             pid_t known_listener, const Deadline& deadline);
 Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>& tools, bool reattach,

@@ -3,10 +3,12 @@
 // listener (the attach call and its result, the tool list it takes), or
 // the end of the attach the loader thread handed it (docs/architecture.md,
 // "Attach, step by step", step 3).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <climits>
@@ -23,6 +25,7 @@
 #include "elf/elf_image.h"
 #include "procfs/procfs.h"
 #include "remote/remote_handle.h"
+#include "remote/seccomp.h"
 #include "remote/target.h"
 
 namespace remora::attach::detail {
@@ -159,12 +162,58 @@ Result<remora_agent_info> read_info_head(remote::Target& t, uint64_t addr) {
   if (info.magic == REMORA_AGENT_MAGIC && (info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0)
     REMORA_TRY(t.read(RemoteAddr(addr + offsetof(remora_agent_info, unloading)),
                       bytes.subspan(offsetof(remora_agent_info, unloading), sizeof info.unloading)));
+  if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 &&
+      (info.features & REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST) != 0)
+    REMORA_TRY(t.read(RemoteAddr(addr + offsetof(remora_agent_info, listener_requested)),
+                      bytes.subspan(offsetof(remora_agent_info, listener_requested),
+                                    sizeof info.listener_requested)));
   listener_as_we_name_it(t.pid(), &info, t.in_nested_pid_ns());
   return info;
 }
 
-// Waits until the agent's listener thread, started by its constructor, is
-// there; returns the head of the agent's info block (read_info_head).
+bool needs_listener(const remora_agent_info& head) {
+  return head.magic == REMORA_AGENT_MAGIC && (head.features & REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST) != 0 &&
+         head.listener_tid == 0 && head.listener_requested == 0 && head.unloading == 0;
+}
+
+// The agent is in the process already (preloaded, or inherited through a
+// fork): the trampoline's dlopen only finds it (RTLD_NOLOAD, by its soname,
+// whatever path it was loaded by) and takes a reference, which the hook
+// gives back (its argument 1). A fresh thread of ours, as for a load: the
+// listener is started by pthread_create on a thread that holds no lock,
+// never on an interrupted application thread.
+Result<pid_t> request_listener(remote::Target& t, pid_t pid, const Deadline& deadline) {
+  REMORA_TRY(t.check_syscalls(remote::seccomp::agent_load_syscalls(), "start the agent's listener"));
+  const PlainHook start{REMORA_TRY(find_dlsym(t)), kStartListenerFn, 1};
+  LoaderRun run;
+  run.plain = &start;
+  const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
+  run.block.flags = RTLD_NOW | RTLD_NOLOAD;
+  REMORA_TRY_CTX(run_trampoline_thread(t, pthread_create_fn, run, kAgentName, deadline),
+                 "start the agent's listener");
+  if (run.block.handle == 0)
+    return Error(Errc::kInternal, std::string("the agent's ") + kAgentName + " was not found by its own name in process " +
+                                      std::to_string(pid) + " (RTLD_NOLOAD)");
+  const auto rc = static_cast<int32_t>(run.block.hook_rc);
+  if (run.block.hook_rc == kHookNotRun || rc == REMORA_AGENT_ERR_NO_LISTENER)
+    return Error(Errc::kIo,
+                 "the agent in process " + std::to_string(pid) +
+                     " could not start its listener thread (out of threads or memory: pthread_create or mmap "
+                     "failed there); free some and attach again");
+  REMORA_LOG(kAttach, "pid %d: the agent's listener started on request", pid);
+  pid_t listener = 0;
+  if (run.driven && run.before) {  // a stopped process: the listener is the other new thread
+    auto now = REMORA_TRY(procfs::list_tasks(pid));
+    for (pid_t tid : now)
+      if (tid != run.loader && std::find(run.before->begin(), run.before->end(), tid) == run.before->end())
+        listener = tid;
+  }
+  return listener;
+}
+
+// Waits until the agent's listener thread (started by our loader thread or
+// on request) is there; returns the head of the agent's info block
+// (read_info_head).
 Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
                                             pid_t known_listener, const Deadline& deadline) {
   for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {

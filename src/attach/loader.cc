@@ -29,7 +29,6 @@ namespace remora::attach::detail {
 namespace {
 
 // The loader thread's hook (LoaderAttach, internal.h).
-constexpr uint64_t kHookNotRun = 0x7fffffffffffffffull;  // hook_rc, as written: the hook did not run
 constexpr char kLoaderAttachFn[] = "remora_agent_loader_attach";
 
 Result<pid_t> drive_to_exit(pid_t pid, pid_t tid, const Deadline& deadline);
@@ -104,11 +103,11 @@ std::vector<std::byte> hook_bytes(LoaderRun& run, uint64_t at, uint64_t scratch,
     req.retire[1][1] = kLoaderStackSize;
   }
   std::vector<std::byte> bytes(hook_size(h));
-  std::memcpy(bytes.data(), &req, sizeof req);
-  std::memcpy(bytes.data() + sizeof req, kLoaderAttachFn, name_len);
-  std::memcpy(bytes.data() + sizeof req + name_len, h.list.c_str(), list_len);
-  if (!h.env.empty())
-    std::memcpy(bytes.data() + sizeof req + name_len + list_len, h.env.data(), h.env.size());
+  std::byte* out = bytes.data();  // never null: hook_size is at least the request's
+  std::memcpy(out, &req, sizeof req);
+  std::memcpy(out + sizeof req, kLoaderAttachFn, name_len);
+  std::memcpy(out + sizeof req + name_len, h.list.c_str(), list_len);
+  if (!h.env.empty()) std::memcpy(out + sizeof req + name_len + list_len, h.env.data(), h.env.size());
   run.block.dlsym_fn = h.dlsym_fn.addr();
   run.block.hook_name = name_at;
   run.block.hook_arg = at;
@@ -138,7 +137,7 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   const auto tramp = REMORA_TRY(t.thread_trampoline());
   // The hook's bytes name their own addresses: sized first, placed once the
   // allocation is known.
-  const size_t hook_len = run.hook ? hook_size(*run.hook) : 0;
+  const size_t hook_len = run.hook ? hook_size(*run.hook) : run.plain ? std::strlen(run.plain->name) + 1 : 0;
   const uint64_t start_off = align(hook_off + hook_len, 16);
   const uint64_t total = start_off + sizeof(x::LoaderStart) + 64;
   const uint64_t at = REMORA_TRY(t.scratch_alloc(total)).addr();
@@ -151,6 +150,12 @@ Result<remote::Target::Prepared> write_loader(remote::Target& t, RemoteAddr pthr
   if (run.hook) {
     const auto hook = hook_bytes(run, at + hook_off, below, stack_hint, own_stack);
     std::memcpy(image.data() + hook_off, hook.data(), hook.size());
+  } else if (run.plain) {
+    std::memcpy(image.data() + hook_off, run.plain->name, hook_len);
+    run.block.dlsym_fn = run.plain->dlsym_fn.addr();
+    run.block.hook_name = at + hook_off;
+    run.block.hook_arg = run.plain->arg;
+    run.block.hook_rc = kHookNotRun;
   }
   std::memcpy(image.data(), &run.block, sizeof run.block);
   x::LoaderStart& ls = run.start;
@@ -281,6 +286,14 @@ Result<RemoteAddr> find_loader_functions(remote::Target& t, x::LoaderBlock* bloc
   // Nothing else ever closes this reference.
   block->flags = RTLD_NOW;
   return fns[0];
+}
+
+Result<RemoteAddr> find_dlsym(remote::Target& t) {
+  const remote::Target::SymbolQuery q[] = {{"dlsym", true, false}};
+  auto fns = REMORA_TRY(t.find_symbols("libc.so.6", q));
+  if (!fns[0].null()) return fns[0];
+  const remote::Target::SymbolQuery dq[] = {{"dlsym"}};  // before glibc 2.34
+  return REMORA_TRY(t.find_symbols("libdl.so.2", dq))[0];
 }
 
 // Waits for the trampoline to finish (its last store to the block). A

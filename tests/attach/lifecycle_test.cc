@@ -355,8 +355,9 @@ pid_t fork_child(TargetProcess& target) {
 }
 
 // The target forks after the agent is in and the tools are detached: the
-// child has its own listener and is attached on its own (the parent stays
-// detached).
+// child starts no thread of ours (its listener is started on request, as in
+// a freshly loaded agent: agent/protocol.h, LISTENER_ON_REQUEST), and is
+// attached on its own, on a listener of its own (the parent stays detached).
 TEST_F(Lifecycle, ForkedChildIsAttachedOnItsOwn) {
   TargetProcess target("remora_attach_target");
   const pid_t pid = target.pid();
@@ -369,15 +370,20 @@ TEST_F(Lifecycle, ForkedChildIsAttachedOnItsOwn) {
   const pid_t parent_listener = status_or_throw(pid).listener_tid;
 
   const pid_t child = fork_child(target);
-  const pid_t listener = child_listener(child);
-  EXPECT_NE(listener, parent_listener);
   auto cst = status_or_throw(child);
+  EXPECT_TRUE(cst.agent_loaded);
   EXPECT_FALSE(cst.attached);
+  EXPECT_EQ(cst.listener_tid, 0) << "the detached parent's child started a listener unasked";
+  EXPECT_EQ(describe_tasks(child).find("remora-listen"), std::string::npos) << describe_tasks(child);
   EXPECT_EQ(cst.tools, real(kToolA)) << "the child keeps the loaded tools";
 
   auto cr = c.attach(child, opts);
   ASSERT_TRUE(cr.ok()) << describe(cr.error());
   EXPECT_FALSE(cr->agent_loaded_now) << "the child inherited the agent";
+  const pid_t listener = status_or_throw(child).listener_tid;
+  EXPECT_NE(listener, 0);
+  EXPECT_NE(listener, parent_listener);
+  EXPECT_EQ(comm_of(child, listener), "remora-listen");
   auto att = log_.find("a:tool_attach", child);
   ASSERT_EQ(att.size(), 1u) << log_.dump();
   EXPECT_EQ(att[0].tid, listener);
