@@ -2,9 +2,12 @@
  * rocattach.h are C headers, and calls every function once. Needs no target:
  * each call either succeeds without one or fails in the documented way.
  * Prints "ok" and exits 0, or names the first check that failed. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "remora/remora.h"
@@ -68,6 +71,7 @@ static void rocattach_api(void) {
   uint32_t major = 0, minor = 0, patch = 0;
   rocattach_version_triplet_t v;
   int i;
+  pid_t child;
 
   CHECK(rocattach_get_version(&major, &minor, &patch) == ROCATTACH_STATUS_SUCCESS);
   CHECK(major == ROCATTACH_VERSION_MAJOR && minor == ROCATTACH_VERSION_MINOR &&
@@ -83,8 +87,22 @@ static void rocattach_api(void) {
 
   unsetenv("ROCPROF_ATTACH_TOOL_LIBRARY");
   unsetenv("REMORA_ATTACH_TOOL_LIBRARY");
-  CHECK(rocattach_attach(missing_pid()) == ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT); /* no tool set */
-  CHECK(rocattach_attach_tree(missing_pid()) == ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT);
+  /* The process is refused first (it is gone), then the tools (none set):
+   * a live child, which nothing touches, gets the second. */
+  CHECK(rocattach_attach(missing_pid()) == ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND);
+  CHECK(rocattach_attach_tree(missing_pid()) == ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND);
+  child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  CHECK(child > 0);
+  if (child > 0) {
+    CHECK(rocattach_attach(child) == ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT); /* no tool set */
+    CHECK(rocattach_attach_tree(child) == ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+  }
   setenv("ROCPROF_ATTACH_TOOL_LIBRARY", "/nonexistent/libtool.so", 1);
   CHECK(rocattach_attach(missing_pid()) == ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND);
   CHECK(rocattach_detach_tree(missing_pid()) == ROCATTACH_STATUS_ERROR_INVALID_ARGUMENT);
