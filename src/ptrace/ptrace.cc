@@ -84,6 +84,19 @@ bool has_cap_sys_ptrace() {
   return caps && (*caps & (1ull << 19)) != 0;  // CAP_SYS_PTRACE = 19
 }
 
+// Whether the ptrace system call itself is refused in this process, before
+// any rule about a target: PTRACE_PEEKDATA of ourselves, whom we do not
+// trace, fails ESRCH in the kernel (ptrace_check_attach comes before every
+// security hook), and anything else means a filter answered first (a
+// seccomp profile of a container runtime, SCMP_ACT_ERRNO). Returns that
+// errno, 0 when the call reaches the kernel.
+int ptrace_syscall_filtered() {
+  errno = 0;
+  const long rc = ::ptrace(PTRACE_PEEKDATA, ::getpid(), nullptr, nullptr);
+  const int err = errno;
+  return rc == -1 && err != ESRCH && err != 0 ? err : 0;
+}
+
 // "process 123 (gdb)"; the tracer's name when it can be read.
 std::string describe_task(pid_t tid) {
   std::string who = "process " + std::to_string(tid);
@@ -596,6 +609,20 @@ Error diagnose_attach_failure(pid_t pid, int err) {
   auto traced = precheck_attach(pid);
   if (!traced) return std::move(traced).error();
 
+  if (const int filtered = ptrace_syscall_filtered(); filtered != 0) {
+    auto self = procfs::read_status(::getpid());
+    const bool seccomp = self && self->seccomp == 2;
+    return Error(Errc::kPtraceDenied,
+                 std::string("ptrace refused before any rule about process ") + p +
+                     ": the ptrace system call itself fails here (" + std::strerror(filtered) + ", for any pid)" +
+                     (seccomp ? ", refused by a seccomp filter of remora's own process (Seccomp: 2 in "
+                                "/proc/self/status: a container runtime's profile, or a parent's filter)"
+                              : ", refused by a filter in front of the kernel") +
+                     "; run remora where ptrace is allowed (a profile that permits ptrace, e.g. "
+                     "--security-opt seccomp=unconfined, or from the host)",
+                 err);
+  }
+
   auto st = procfs::read_status(pid);
   const uid_t me = geteuid();
   const bool cap = has_cap_sys_ptrace();
@@ -610,9 +637,10 @@ Error diagnose_attach_failure(pid_t pid, int err) {
                        " without CAP_SYS_PTRACE; run remora as uid " + std::to_string(st->uid[1]) +
                        " or as root, or grant it CAP_SYS_PTRACE",
                    err);
-    // Files under /proc/PID belong to root when the process is not dumpable.
+    // The files under /proc/PID (not the directory itself) belong to root
+    // when the process is not dumpable.
     struct stat sb {};
-    if (::stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid == 0 && st->uid[1] != 0)
+    if (::stat(("/proc/" + p + "/status").c_str(), &sb) == 0 && sb.st_uid == 0 && st->uid[1] != 0)
       return Error(Errc::kPtraceDenied,
                    "ptrace refused: process " + p +
                        " is not dumpable (it called prctl(PR_SET_DUMPABLE, 0) or gained privileges at exec); "

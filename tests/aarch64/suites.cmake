@@ -59,7 +59,20 @@ set(REMORA_GUEST_TIMEOUT_remote_scratch_reclaim_test 600)
 # slower), so every process of the guest, the controller included, gets a
 # fraction of a CPU and one cycle takes 2-5 s. Five cycles still show the
 # mappings settle after the first.
-set(REMORA_GUEST_ENV_attach_test "REMORA_UNLOAD_CYCLES=5")
+# Likewise 60 attach/detach cycles per hostile target (300 on the host:
+# tests/attach/hostile_cycles_test.cc), where remora_target_threads64 took
+# 258 ms a cycle in the guest (78 s of its run at 300).
+set(REMORA_GUEST_ENV_attach_test "REMORA_UNLOAD_CYCLES=5" "REMORA_ATTACH_CYCLES=60")
+# The two longest suites run a quarter of the host's work in the guest (the
+# host keeps its full counts): remote_hostile_test 250 calls per thread of
+# every hostile target (1000 on the host; 160 s of a 2-vCPU TCG guest at
+# 1000), remote_controller_death_test 50 killed controllers per target (200
+# on the host; 131 s at 200). What the guest is for, the aarch64 port of
+# every path (each register file restored, the cure after every kind of
+# death), is reached within the first tens of calls and kills; the counts
+# on the host are what hunts rare interleavings.
+set(REMORA_GUEST_ENV_remote_hostile_test "REMORA_HOSTILE_CALLS=250")
+set(REMORA_GUEST_ENV_remote_controller_death_test "REMORA_DEATH_ROUNDS=50")
 set(REMORA_GUEST_ENV_remora_capi_test "REMORA_AGENT_PATH=$<TARGET_FILE:remora-agent>")
 set(REMORA_GUEST_ENV_remora_capi_rocattach_test "REMORA_AGENT_PATH=$<TARGET_FILE:remora-agent>")
 set(REMORA_GUEST_ENV_remora_capi_c_headers_test "REMORA_AGENT_PATH=$<TARGET_FILE:remora-agent>")

@@ -847,17 +847,59 @@ def test_zombie_child_in_a_tree(tmp):
     end_helper(zp)
 
 
+def test_ptrace_refused_by_our_own_seccomp_filter(tmp):
+    # remora under a filter that answers ptrace with EPERM (a container
+    # runtime's profile): the refusal names that filter, not the target.
+    tree = Tree(tmp, 0)
+    p = subprocess.run([ARGS.no_ptrace, ARGS.remora, "attach", "-p", str(tree.pid), "-t", ARGS.hook_tool, "-d", "10"],
+                       capture_output=True, text=True, timeout=30, cwd=tmp)
+    rc, out, err = p.returncode, p.stdout, p.stderr
+    check(rc == 3 and "seccomp filter of remora's own process" in err and "the ptrace system call itself" in err,
+          "a seccomp-denied ptrace is told apart (exit 3, the filter named)", show(rc, out, err))
+    tree.stop()
+
+
+NOT_DUMPABLE = """
+import ctypes, sys
+ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_ptrace_refused_for_a_process_that_is_not_dumpable(tmp):
+    # The same uid, no CAP_SYS_PTRACE, a target that made itself non-dumpable.
+    if os.geteuid() != 0:
+        print("      skipped: needs root to run both sides as uid 65534")
+        return
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    target = spawn(drop + ["/usr/bin/python3", "-c", NOT_DUMPABLE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                   text=True, cwd="/")
+    try:
+        r, _, _ = select.select([target.stdout], [], [], 10)
+        check(r and target.stdout.readline().strip() == "ready", "the non-dumpable target is ready (10 s)")
+        p = subprocess.run(drop + [ARGS.remora, "attach", "-p", str(target.pid), "-t", ARGS.hook_tool, "-d", "10"],
+                           capture_output=True, text=True, timeout=30, cwd="/")
+        rc, out, err = p.returncode, p.stdout, p.stderr
+        check(rc == 3 and "is not dumpable" in err, "a non-dumpable target is told apart (exit 3)", show(rc, out, err))
+        check(target.poll() is None, "the target lives on")
+    finally:
+        target.stdin.close()
+        target.wait(timeout=10)
+
+
 TESTS = [v for k, v in list(globals().items()) if k.startswith("test_")]
 
 
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
-    for a in ("--remora", "--target", "--hook-tool", "--noattach-tool", "--static-target", "--rocattach-example"):
+    for a in ("--remora", "--target", "--hook-tool", "--noattach-tool", "--static-target", "--rocattach-example",
+              "--no-ptrace"):
         ap.add_argument(a, required=True)
     ap.add_argument("tests", nargs="*")
     ARGS = ap.parse_args()
-    for a in ("remora", "target", "hook_tool", "noattach_tool", "static_target", "rocattach_example"):
+    for a in ("remora", "target", "hook_tool", "noattach_tool", "static_target", "rocattach_example", "no_ptrace"):
         setattr(ARGS, a, os.path.abspath(getattr(ARGS, a)))
     failed = []
     for t in TESTS:
