@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -46,6 +47,43 @@ inline const std::string kToolB = REMORA_HOOK_TOOL_B;
 inline const std::string kToolNoAttach = REMORA_HOOK_TOOL_NOATTACH;
 
 // The path the agent knows a tool by (the controller passes realpath()).
+// The words of [start, end) of process `pid` (its /proc/PID/mem), empty
+// when they cannot be read.
+inline std::vector<uint64_t> read_words(pid_t pid, unsigned long start, unsigned long end) {
+  std::vector<uint64_t> words((end - start) / 8);
+  std::ifstream mem("/proc/" + std::to_string(pid) + "/mem", std::ios::binary);
+  mem.seekg(static_cast<std::streamoff>(start));
+  if (!mem.read(reinterpret_cast<char*>(words.data()), static_cast<std::streamsize>(words.size() * 8)))
+    words.clear();
+  return words;
+}
+
+// libunwind's memory pool (its mempool.c): anonymous pages it maps for its
+// own objects the first time it unwinds and never unmaps, not even when
+// libunwind itself is unloaded. Known by their content, page by page:
+// objects of one size, at least half of them free with their first word
+// pointing at the object right below (the free list, built upwards).
+inline bool is_libunwind_pool_range(pid_t pid, unsigned long start, unsigned long end) {
+  constexpr unsigned long kPage = 4096;
+  if (end <= start || (end - start) % kPage != 0 || end - start > (64ul << 10)) return false;
+  const auto words = read_words(pid, start, end);
+  if (words.empty()) return false;
+  for (unsigned long page = start; page < end; page += kPage) {
+    const uint64_t* w = words.data() + (page - start) / 8;
+    bool pool = false;
+    for (unsigned long stride = 16; stride <= 1024 && !pool; stride += 8) {
+      size_t links = 0, objects = 0;
+      for (unsigned long at = page + stride; at + 8 <= page + kPage; at += stride) {
+        ++objects;
+        links += w[(at - page) / 8] == at - stride;
+      }
+      pool = objects >= 3 && links * 2 >= objects;
+    }
+    if (!pool) return false;
+  }
+  return true;
+}
+
 inline std::string real(const std::string& p) {
   char buf[PATH_MAX];
   return ::realpath(p.c_str(), buf) ? std::string(buf) : p;

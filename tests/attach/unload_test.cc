@@ -136,47 +136,16 @@ std::vector<Range> new_ranges(const std::vector<std::string>& before, const std:
   return out;
 }
 
-// libunwind's memory pool (its mempool.c): anonymous pages it maps for its
-// own objects and never unmaps, not even when libunwind itself is unloaded.
-// Known by their content: objects of one size, each free one's first word
-// pointing at the object right below it (the free list, built upwards).
-// Made the first time the default tool unwinds a sample, so only in a
-// session that sampled before its detach.
-std::vector<uint64_t> read_words(pid_t pid, const Range& r) {
-  std::vector<uint64_t> words((r.end - r.start) / 8);
-  std::ifstream mem("/proc/" + std::to_string(pid) + "/mem", std::ios::binary);
-  mem.seekg(static_cast<std::streamoff>(r.start));
-  if (!mem.read(reinterpret_cast<char*>(words.data()), static_cast<std::streamsize>(words.size() * 8)))
-    words.clear();
-  return words;
-}
-
-// One page of such a pool: a free list of objects of one size.
-bool is_pool_page(const uint64_t* words, unsigned long page) {
-  constexpr unsigned long kPage = 4096;
-  for (unsigned long stride = 16; stride <= 1024; stride += 8) {
-    size_t links = 0, objects = 0;
-    for (unsigned long at = page + stride; at + 8 <= page + kPage; at += stride) {
-      ++objects;
-      links += words[(at - page) / 8] == at - stride;
-    }
-    if (objects >= 3 && links * 2 >= objects) return true;
-  }
-  return false;
-}
-
+// libunwind's memory pool (attach_helpers.h): made the first time the
+// default tool unwinds a sample, so only in a session that sampled before
+// its detach.
 bool is_libunwind_pool(pid_t pid, const Range& r) {
-  if (r.perms != "rw-p" || r.inode != 0 || r.end - r.start > (64ul << 10)) return false;
-  const auto words = read_words(pid, r);
-  if (words.empty()) return false;
-  for (unsigned long page = r.start; page < r.end; page += 4096)
-    if (!is_pool_page(words.data() + (page - r.start) / 8, page)) return false;
-  return true;
+  return r.perms == "rw-p" && r.inode == 0 && is_libunwind_pool_range(pid, r.start, r.end);
 }
 
 // The first non-zero words of a range, for a failure's message.
 std::string first_words(pid_t pid, const Range& r) {
-  const auto words = read_words(pid, r);
+  const auto words = read_words(pid, r.start, r.end);
   std::string out;
   int shown = 0;
   for (size_t i = 0; i < words.size() && shown < 24; ++i)
