@@ -188,6 +188,10 @@ struct Tree {
   }
 };
 
+// The agent the next spawn_tree preloads into its processes (LD_PRELOAD, as
+// `remora run` does), or empty: none.
+std::string g_preload;
+
 // Targets are fresh programs: each process is this executable run again in
 // a role, so no target shares copy-on-write memory with the bench.
 [[noreturn]] void exec_role(std::vector<std::string> args) {
@@ -196,6 +200,7 @@ struct Tree {
   argv.push_back(name);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  if (!g_preload.empty()) setenv("LD_PRELOAD", g_preload.c_str(), 1);
   execv("/proc/self/exe", argv.data());
   _exit(127);
 }
@@ -366,9 +371,11 @@ double thread_cpu_us() {
 // spinner's longest gap during it, `cpu` (if given) the CPU time the
 // controller's thread spent on it.
 double first_attach(const AttachOptions& opts, int spinners, int blocked, double* stall = nullptr,
-                    double* cpu = nullptr) {
+                    double* cpu = nullptr, bool preloaded = false) {
   Tree t;
+  if (preloaded) g_preload = opts.agent_path;
   spawn_tree(t, 0, spinners, blocked);
+  g_preload.clear();
   if (spinners > 0 && !t.open_window()) die("the target's spinner did not start its window");
   Controller c;
   const double cpu0 = thread_cpu_us();
@@ -588,7 +595,7 @@ struct PeerRows {
 struct Rows {
   PeerRows peer;
   std::vector<double> floor, idle, idle_cpu, spin, spin_stall, threads8, threads8_stall, base_stall, cli_d1,
-      cli_keep, version, spawn, reattach, detach, tree, tree_floor, tree_cpu, tree_floor_cpu;
+      cli_keep, version, spawn, reattach, detach, tree, tree_floor, tree_cpu, tree_floor_cpu, preloaded;
   std::vector<double> cli_start, cli_open, cli_attach, cli_exit;  // cli_phases
 };
 
@@ -656,6 +663,7 @@ void print_rows(const Rows& r, int rounds) {
   row("in-process floor (the process loads agent and tool itself)", r.floor);
   row("first attach, idle target", r.idle, 1630);
   row("  the controller thread's CPU time during it", r.idle_cpu);
+  row("first attach, idle target with the agent preloaded (its listener started on request)", r.preloaded);
   row("first attach, target whose one thread spins", r.spin, 1630);
   row("  the spinner's stall during it (longest gap)", r.spin_stall);
   row("first attach, 8 threads (1 spinning)", r.threads8, 1800);
@@ -763,6 +771,7 @@ int main(int argc, char** argv) {
     double stall = 0, cpu = 0;
     r.idle.push_back(first_attach(opts, 0, 0, nullptr, &cpu));
     r.idle_cpu.push_back(cpu);
+    r.preloaded.push_back(first_attach(opts, 0, 0, nullptr, nullptr, /*preloaded=*/true));
     r.spin.push_back(first_attach(opts, 1, 0, &stall));
     r.spin_stall.push_back(stall);
     r.threads8.push_back(first_attach(opts, 1, 6, &stall));

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -144,8 +145,12 @@ TEST_F(Controllers, LeaseIsDisarmedByANormalDetach) {
   ASSERT_EQ(::kill(helper.pid(), SIGKILL), 0);
   ASSERT_TRUE(helper.wait_exit(after(10s)).has_value());
   // Give a wrongly armed lease the chance to fire: the agent's watcher polls
-  // the pipe, so it would react within milliseconds. Then check.
-  bool fired = log_.wait_count("a:tool_detach", 2, pid, after(500ms));
+  // the pipe, so it would react within milliseconds. Then check. A wait for
+  // what must not happen lasts its whole length: scaled for a slow machine,
+  // but never past 10 s (a guest whose boot-time calibration met a busy host
+  // measured itself 290x slower, and this wait alone took 146 s).
+  const auto quiet = std::min<std::chrono::milliseconds>(scaled(500ms), 10s);
+  bool fired = log_.wait_count("a:tool_detach", 2, pid, Clock::now() + quiet);
   EXPECT_FALSE(fired) << log_.dump();
   auto st = status_or_throw(pid);
   EXPECT_TRUE(st.attached);
