@@ -199,7 +199,8 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
                    std::to_string(pid) + ", then attach again")
         .with_context(ctx);
   s->listener = info.listener_tid;
-  if (out.agent_loaded_now || started_listener) t.note_descendant_thread(s->listener);  // by our loader thread
+  if (out.agent_loaded_now || started_listener)
+    t.note_descendant_thread(s->listener);  // by our loader thread
   REMORA_LOG(kAttach, "pid %d: listener %d ready", pid, s->listener);
   if (loader_attach) {
     REMORA_TRY_CTX(finish_loader_attach(t, pid, s->agent, *loader_attach, deadline), ctx);
@@ -308,7 +309,8 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
     }
     Deadline deadline = Deadline::after(opts.timeout);
     const pid_t known = REMORA_TRY_CTX(request_listener(t, pid, deadline), ctx);
-    info.listener_tid = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known, deadline), ctx).listener_tid;
+    info.listener_tid =
+        REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known, deadline), ctx).listener_tid;
   }
   if (opts.unload) {
     auto r = unload_agent(t, pid, s->agent, info, opts.timeout);

@@ -164,16 +164,17 @@ Result<remora_agent_info> read_info_head(remote::Target& t, uint64_t addr) {
                       bytes.subspan(offsetof(remora_agent_info, unloading), sizeof info.unloading)));
   if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 &&
       (info.features & REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST) != 0)
-    REMORA_TRY(t.read(RemoteAddr(addr + offsetof(remora_agent_info, listener_requested)),
-                      bytes.subspan(offsetof(remora_agent_info, listener_requested),
-                                    sizeof info.listener_requested)));
+    REMORA_TRY(t.read(
+        RemoteAddr(addr + offsetof(remora_agent_info, listener_requested)),
+        bytes.subspan(offsetof(remora_agent_info, listener_requested), sizeof info.listener_requested)));
   listener_as_we_name_it(t.pid(), &info, t.in_nested_pid_ns());
   return info;
 }
 
 bool needs_listener(const remora_agent_info& head) {
-  return head.magic == REMORA_AGENT_MAGIC && (head.features & REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST) != 0 &&
-         head.listener_tid == 0 && head.listener_requested == 0 && head.unloading == 0;
+  return head.magic == REMORA_AGENT_MAGIC &&
+         (head.features & REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST) != 0 && head.listener_tid == 0 &&
+         head.listener_requested == 0 && head.unloading == 0;
 }
 
 // The agent is in the process already (preloaded, or inherited through a
@@ -192,10 +193,13 @@ Result<pid_t> request_listener(remote::Target& t, pid_t pid, const Deadline& dea
   REMORA_TRY_CTX(run_trampoline_thread(t, pthread_create_fn, run, kAgentName, deadline),
                  "start the agent's listener");
   if (run.block.handle == 0)
-    return Error(Errc::kInternal, std::string("the agent's ") + kAgentName + " was not found by its own name in process " +
-                                      std::to_string(pid) + " (RTLD_NOLOAD)");
-  const auto rc = static_cast<int32_t>(run.block.hook_rc);
-  if (run.block.hook_rc == kHookNotRun || rc == REMORA_AGENT_ERR_NO_LISTENER)
+    return Error(Errc::kInternal, std::string("the agent's ") + kAgentName +
+                                      " was not found by its own name in process " + std::to_string(pid) +
+                                      " (RTLD_NOLOAD)");
+  if (run.block.hook_rc == kHookNotRun)
+    return Error(Errc::kInternal, std::string("the agent in process ") + std::to_string(pid) + " has no " +
+                                      kStartListenerFn + ", yet says it starts its listener on request");
+  if (static_cast<int32_t>(run.block.hook_rc) == REMORA_AGENT_ERR_NO_LISTENER)
     return Error(Errc::kIo,
                  "the agent in process " + std::to_string(pid) +
                      " could not start its listener thread (out of threads or memory: pthread_create or mmap "

@@ -614,7 +614,8 @@ Error diagnose_attach_failure(pid_t pid, int err) {
     const bool seccomp = self && self->seccomp == 2;
     return Error(Errc::kPtraceDenied,
                  std::string("ptrace refused before any rule about process ") + p +
-                     ": the ptrace system call itself fails here (" + std::strerror(filtered) + ", for any pid)" +
+                     ": the ptrace system call itself fails here (" + std::strerror(filtered) +
+                     ", for any pid)" +
                      (seccomp ? ", refused by a seccomp filter of remora's own process (Seccomp: 2 in "
                                 "/proc/self/status: a container runtime's profile, or a parent's filter)"
                               : ", refused by a filter in front of the kernel") +

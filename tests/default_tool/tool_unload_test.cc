@@ -121,7 +121,8 @@ constexpr unsigned long kLibunwindPool = 32768;  // per load: the bound, not the
 unsigned long grown_by(pid_t pid, const MapLine& m, const std::vector<MapLine>& before) {
   if (m.perms != "rw-p" || m.inode != 0) return 0;
   for (const auto& b : before) {
-    if (b.inode != 0 || b.perms != "rw-p" || b.start < m.start || b.end > m.end || (b.start != m.start && b.end != m.end))
+    if (b.inode != 0 || b.perms != "rw-p" || b.start < m.start || b.end > m.end ||
+        (b.start != m.start && b.end != m.end))
       continue;
     const bool below = b.end == m.end;  // the new part lies below the old one
     const unsigned long from = below ? m.start : b.end, to = below ? b.start : m.end;
