@@ -183,13 +183,10 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
                                                      &out.agent_loaded_now, &agent_file, &loader_attach),
                                         ctx);
   // An agent that was in the process already (preloaded, forked) has no
-  // listener until one is asked for.
+  // listener until one is asked for: the wait asks.
   bool started_listener = false;
-  if (!out.agent_loaded_now && needs_listener(REMORA_TRY_CTX(read_info_head(t, s->agent.info), ctx))) {
-    known_listener = REMORA_TRY_CTX(request_listener(t, pid, deadline), ctx);
-    started_listener = true;
-  }
-  auto info = REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known_listener, deadline), ctx);
+  auto info = REMORA_TRY_CTX(
+      wait_for_listener(t, pid, s->agent.info, known_listener, deadline, &started_listener), ctx);
   if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) != 0 && info.unloading)
     return Error(
                Errc::kAlreadyAttached,
@@ -307,10 +304,9 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
                                            " (its agent is loaded and idle: no controller has attached yet)")
           .with_context(ctx);
     }
-    Deadline deadline = Deadline::after(opts.timeout);
-    const pid_t known = REMORA_TRY_CTX(request_listener(t, pid, deadline), ctx);
     info.listener_tid =
-        REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, known, deadline), ctx).listener_tid;
+        REMORA_TRY_CTX(wait_for_listener(t, pid, s->agent.info, 0, Deadline::after(opts.timeout)), ctx)
+            .listener_tid;
   }
   if (opts.unload) {
     auto r = unload_agent(t, pid, s->agent, info, opts.timeout);

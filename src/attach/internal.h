@@ -206,7 +206,8 @@ bool needs_listener(const remora_agent_info& head);
 // to drive the thread (a stopped process), else 0.
 Result<pid_t> request_listener(remote::Target& t, pid_t pid, const Deadline& deadline);
 Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
-                                            pid_t known_listener, const Deadline& deadline);
+                                            pid_t known_listener, const Deadline& deadline,
+                                            bool* started = nullptr);
 Result<std::string> tool_list(remote::Target& t, const std::vector<std::string>& tools, bool reattach,
                               const remote::CallOptions& on_listener, const Deadline& deadline,
                               std::vector<OwnedFile>* memfds);

@@ -215,13 +215,22 @@ Result<pid_t> request_listener(remote::Target& t, pid_t pid, const Deadline& dea
   return listener;
 }
 
-// Waits until the agent's listener thread (started by our loader thread or
-// on request) is there; returns the head of the agent's info block
-// (read_info_head).
+// Waits until the agent's listener thread is there, asking for it once when
+// the agent has none and none was asked for (needs_listener: our loader
+// thread's hook starts it for an agent we load; a preloaded or forked one
+// waits to be asked); returns the head of the agent's info block
+// (read_info_head). `started`: set when this wait asked.
 Result<remora_agent_info> wait_for_listener(remote::Target& t, pid_t pid, uint64_t info_at,
-                                            pid_t known_listener, const Deadline& deadline) {
+                                            pid_t known_listener, const Deadline& deadline, bool* started) {
+  bool asked = false;
   for (long nap = 20'000;; nap = std::min<long>(nap + 20'000, 200'000)) {
     auto info = REMORA_TRY(read_info_head(t, info_at));
+    if (!asked && needs_listener(info)) {
+      known_listener = REMORA_TRY(request_listener(t, pid, deadline));
+      asked = true;
+      if (started != nullptr) *started = true;
+      continue;
+    }
     if (info.magic == REMORA_AGENT_MAGIC && info.listener_tid == 0 && known_listener != 0) {
       // Stopped process: the listener has not run yet to publish its tid.
       // Publish it for it, so that later sessions find it too.
