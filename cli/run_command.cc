@@ -184,8 +184,8 @@ class RunAttacher {
   static constexpr auto kSettle = std::chrono::milliseconds(100);
   static constexpr auto kWatch = std::chrono::milliseconds(50);  // an exec, once attached
 
-  RunAttacher(attach::Controller& ctl, const RunCommandOptions& o, const ToolSelection& tools, const EnvList& env,
-              std::string agent)
+  RunAttacher(attach::Controller& ctl, const RunCommandOptions& o, const ToolSelection& tools,
+              const EnvList& env, std::string agent)
       : ctl_(ctl), o_(o), tools_(tools), env_(env), agent_(std::move(agent)) {}
 
   // One look at CMD; returns when to look again.
@@ -227,8 +227,8 @@ class RunAttacher {
     if (r) {
       std::string names;
       for (const auto& p : tools_.paths) names += (names.empty() ? "" : ", ") + p.substr(p.rfind('/') + 1);
-      note("attached " + names + " to pid " + std::to_string(c.pid) + (attached_once_ ? " (it exec'ed)" : "") +
-           "; they stay attached until it exits");
+      note("attached " + names + " to pid " + std::to_string(c.pid) +
+           (attached_once_ ? " (it exec'ed)" : "") + "; they stay attached until it exits");
       attached_once_ = true;
     } else if (!c.exited && !pidfd_exited(c.pidfd.get())) {
       print_error(r.error().to_string() + "; pid " + std::to_string(c.pid) + " runs on without tools");
@@ -312,8 +312,9 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
       ->allow_extra_args(false);
   sub->add_flag("--no-tool", opts->no_tool, "Preload the agent only (attach later with remora attach -p PID)")
       ->excludes(tools);
-  add_timeout_option(sub, opts->timeout_ms,
-                     "Deadline for the agent to load in each program CMD runs and for the attach, in milliseconds");
+  add_timeout_option(
+      sub, opts->timeout_ms,
+      "Deadline for the agent to load in each program CMD runs and for the attach, in milliseconds");
   sub->footer(
       "CMD runs with LD_PRELOAD=<libremora-agent.so> (appended to an existing LD_PRELOAD)\n"
       "and remora's signal mask; SIGINT, SIGTERM and SIGHUP sent to remora are forwarded\n"

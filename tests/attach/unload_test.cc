@@ -110,7 +110,9 @@ std::vector<Range> ranges_of(const std::vector<std::string>& lines) {
     Range r;
     unsigned long off = 0;
     char perms[8] = "", dev[16] = "";
-    if (std::sscanf(l.c_str(), "%lx-%lx %7s %lx %15s %lu", &r.start, &r.end, perms, &off, dev, &r.inode) == 6) {
+    const int n =
+        std::sscanf(l.c_str(), "%lx-%lx %7s %lx %15s %lu", &r.start, &r.end, perms, &off, dev, &r.inode);
+    if (n == 6) {
       r.perms = perms;
       out.push_back(r);
     }
@@ -170,8 +172,8 @@ std::vector<Range> unexplained(pid_t pid, std::vector<Range> added) {
     };
     if (i + 1 < added.size() && is_malloc_arena({line(added[i]), line(added[i + 1])})) {
       std::printf(
-          "[unload] left: glibc's malloc arena, made by the agent's loader thread (glibc never unmaps one; the "
-          "process's next thread reuses it)\n");
+          "[unload] left: glibc's malloc arena, made by the agent's loader thread (glibc never unmaps one; "
+          "the process's next thread reuses it)\n");
       ++i;
     } else if (is_libunwind_pool(pid, added[i])) {
       std::printf(
@@ -237,7 +239,8 @@ void expect_back(TargetProcess& target, const Counts& before, const attach::Unlo
                             << before.maps.size() << ", after " << after.maps.size() << ":"
                             << maps_diff(before.maps, after.maps);
   // The target's own count of its lines agrees with ours.
-  EXPECT_EQ(rep.maps_delta(), static_cast<long long>(after.maps.size()) - static_cast<long long>(before.maps.size()))
+  EXPECT_EQ(rep.maps_delta(),
+            static_cast<long long>(after.maps.size()) - static_cast<long long>(before.maps.size()))
       << rep.raw;
   std::fflush(stdout);
 }

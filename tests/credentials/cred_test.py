@@ -54,11 +54,12 @@ def show(rc, out, err):
 
 
 class Spawned:
-    """A process with a pipe on stdin (closing it ends a "work" target)."""
+    """A process with a pipe on stdin (closing it ends a "work" target), in a
+    process group of its own: kill() takes the programs it started too."""
 
     def __init__(self, argv, env=None):
         self.p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines = []
         self.partial = b""
 
@@ -95,9 +96,11 @@ class Spawned:
         return self.p.returncode, err
 
     def kill(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)  # remora and the program it runs
+        except ProcessLookupError:
+            pass
+        self.p.wait()
 
 
 def test_preloaded_agent_starts_no_thread():
