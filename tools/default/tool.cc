@@ -111,6 +111,11 @@ struct Tool {
 // Created in remora_configure; freed by tool_fini once no thread can be in
 // the tool's code any more (release_for_unload).
 Tool* g_tool = nullptr;
+// Held by a fork from its prepare handler to its parent or child handler,
+// and by release_for_unload while it takes g_tool away: a fork that read
+// g_tool never locks or unlocks a Tool that was deleted meanwhile. Static:
+// it lives as long as the handlers, which the dlclose removes.
+pthread_mutex_t g_fork_mu = PTHREAD_MUTEX_INITIALIZER;
 
 constexpr size_t kCollectorStack = 256 * 1024;
 
@@ -685,7 +690,9 @@ void release_for_unload(Tool& t) {
   t.wake_fd = -1;
   release_slot_memory();
   close_unwind_fds();
-  g_tool = nullptr;  // the fork handlers do nothing from here until the dlclose removes them
+  pthread_mutex_lock(&g_fork_mu);  // waits out a fork in progress, which holds t.mu
+  g_tool = nullptr;                 // the fork handlers do nothing from here until the dlclose removes them
+  pthread_mutex_unlock(&g_fork_mu);
   delete &t;
 }
 
@@ -797,10 +804,12 @@ int tool_detach(void* data, const remora_tool_info_t*) {
 // fork(): hold the state still while the process is copied; in the child,
 // the collector thread and the timers did not come along.
 void atfork_prepare() {
+  pthread_mutex_lock(&g_fork_mu);
   if (g_tool) g_tool->mu.lock();
 }
 void atfork_parent() {
   if (g_tool) g_tool->mu.unlock();
+  pthread_mutex_unlock(&g_fork_mu);
 }
 // The child of a fork made while attached keeps the session (the agent
 // keeps it attached, agent/protocol.h REMORA_AGENT_FEATURE_FORK_LEASE): it
@@ -848,6 +857,8 @@ void restart_in_child(Tool& t) {
 }
 
 void atfork_child() {
+  // The child's only thread is the one that locked it: a fresh lock.
+  pthread_mutex_init(&g_fork_mu, nullptr);
   if (!g_tool) return;
   Tool& t = *g_tool;
   // The collector's eventfd is one object shared with the parent: a stop
