@@ -32,6 +32,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "agent/channel.h"
 #include "agent/protocol.h"
 #include "remora/tool.h"
 
@@ -415,6 +416,10 @@ void stop_lease_locked() {
 }
 
 void* lease_main(void*) {
+  // Named apart from the thread that armed it (a new thread takes its
+  // creator's name: the listener's, or the socket channel's, whose name
+  // a controller looks for).
+  pthread_setname_np(pthread_self(), "remora-lease");
   pollfd fds[2] = {{g_lease_fd, POLLIN, 0}, {g_lease_wake, POLLIN, 0}};
   for (;;) {
     int n = poll(fds, 2, -1);
@@ -734,6 +739,7 @@ void after_fork_child() {
   // controller adopts it, or its lease detaches it); any other starts none
   // until a controller asks, as a freshly loaded agent.
   pthread_mutex_init(&g_listener_start_lock, nullptr);
+  remora_agent::channel_after_fork();
   const bool keeps_session = remora_agent_info.attached != 0;
   __atomic_store_n(&remora_agent_info.listener_requested, keeps_session && start_listener() ? 1 : 0,
                    __ATOMIC_RELEASE);
@@ -747,7 +753,9 @@ __attribute__((constructor)) void agent_init() {
                                REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH |
                                REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST;
   pthread_atfork(nullptr, nullptr, after_fork_child);
-  // No listener: a controller asks for it (remora_agent_start_listener).
+  // No listener: a controller asks for it (remora_agent_start_listener),
+  // or, opted in to the socket channel, through it (channel.cc; no thread).
+  remora_agent::channel_init();
   __atomic_store_n(&remora_agent_info.magic, REMORA_AGENT_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -756,6 +764,7 @@ __attribute__((constructor)) void agent_init() {
 // their stacks are unused.
 __attribute__((destructor)) void agent_fini() {
   if (!remora_agent_info.unloading) return;  // process exit: nothing to give back
+  remora_agent::channel_fini();
   free_stack(&g_listener_stack);
   free_stack(&g_lease_stack);
 }
@@ -807,6 +816,7 @@ int attach_locked(const void* env_buffer, const char* tool_list) {
       if (first) unload_all();
     } else {
       remora_agent_info.attached = 1;
+      remora_agent_info.session_channel = 0;  // the socket channel says otherwise (channel.cc)
       if (!g_exit_registered) g_exit_registered = atexit(at_exit) == 0;
     }
   }
@@ -1040,4 +1050,10 @@ REMORA_EXPORT int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid
   rc = finish(rc);
   pthread_mutex_unlock(&g_lock);
   return rc;
+}
+
+void remora_agent::snapshot_info(struct remora_agent_info* out) {
+  pthread_mutex_lock(&g_lock);
+  memcpy(out, &remora_agent_info, sizeof *out);
+  pthread_mutex_unlock(&g_lock);
 }

@@ -132,7 +132,9 @@ struct remora_agent_info {
    * was asked for in this process (listener_tid is then published soon, or
    * is already), 0 while none was: the controller must start one. */
   int32_t listener_requested;
-  int32_t reserved6;
+  /* 1 while the attached session came through the socket channel
+   * (agent/channel_wire.h), 0 through ptrace (read 0 before: reserved). */
+  int32_t session_channel;
 };
 
 /* The argument of remora_agent_loader_attach, in the controller's scratch

@@ -53,6 +53,7 @@ struct AttachCommandOptions {
   bool keep = false;
   bool unload = false;  // after the detach, unload the tools and the agent
   long timeout_ms = 10000;
+  std::string channel = "auto";
 };
 
 std::string tool_names(const std::vector<std::string>& paths) {
@@ -447,7 +448,8 @@ int ended_session_exit_code(const AttachCommandOptions& o, const std::vector<Att
   return to_int(ExitCode::kTargetExited);
 }
 
-int run_attach(const AttachCommandOptions& o) {
+int run_attach(const AttachCommandOptions& asked) {
+  AttachCommandOptions o = asked;
   // The first mark of the command's own timeline (REMORA_LOG=attach): all
   // before it is start-up, the line's parse included (remora-bench-attach
   // splits the command at it).
@@ -459,10 +461,18 @@ int run_attach(const AttachCommandOptions& o) {
   // process that cannot be attached (gone, a zombie, a kernel thread,
   // traced by another, statically linked, remora itself).
   const std::string about = "attach to process " + std::to_string(o.pid);
-  if (auto c =
-          attach::check_target(o.pid, o.children ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
-      !c)
-    return fail(std::move(c).error().with_context(about));
+  auto channel = attach::parse_channel(o.channel);
+  if (!channel) return fail(channel.error());
+  auto via =
+      attach::resolve_channel(o.pid, *channel, o.children ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+  if (!via) return fail(std::move(via).error().with_context(about));
+  // Through the socket: the process alone (its children have sockets of
+  // their own, each attached with remora attach -p), nothing followed.
+  const bool socket = *via == attach::Channel::kSocket;
+  if (socket) {
+    o.children = false;
+    o.follow = false;
+  }
   // The caller's REMORA_* and ROCP* variables reach the targets, as the C
   // API's rocattach layer and the Python package forward them; -e wins.
   std::optional<EnvList> env = forwarded_environment(environ);
@@ -475,7 +485,7 @@ int run_attach(const AttachCommandOptions& o) {
   if (!signals) return fail(signals.error());
   OutputPlan plan;
   if (tools->default_tool) {
-    auto p = prepare_output_path(*env, o.pid);
+    auto p = prepare_output_path(*env, o.pid, socket);
     if (!p) return fail(p.error());
     plan = std::move(*p);
     // In memory, one process only: nobody reads the memory after remora
@@ -505,10 +515,14 @@ int run_attach(const AttachCommandOptions& o) {
   opts.env = *env;
   opts.timeout = std::chrono::milliseconds(o.timeout_ms);
   opts.lease = !o.keep;
+  // kAuto stays kAuto on ptrace's way: a seize refused later (a filter of
+  // ours) still finds the socket.
+  opts.channel = socket ? attach::Channel::kSocket : *channel;
 
   const std::string root_comm = process_comm(o.pid);
-  std::printf("Attaching %s to process %d (%s)%s%s...\n", tool_names(tools->paths).c_str(),
-              static_cast<int>(o.pid), root_comm.c_str(), o.children ? " and its children" : "",
+  std::printf("Attaching %s to process %d (%s)%s%s%s...\n", tool_names(tools->paths).c_str(),
+              static_cast<int>(o.pid), root_comm.c_str(), socket ? " through its socket channel" : "",
+              o.children ? " and its children" : "",
               !o.follow || o.keep ? ""
               : o.children        ? ", following new ones"
                                   : ", following its forks");
@@ -597,8 +611,12 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
                 "keeps nothing of Remora's)")
       ->excludes(keep);
   add_timeout_option(sub, opts->timeout_ms, "Deadline for each attach or detach, in milliseconds");
+  add_channel_option(sub, opts->channel);
   sub->footer(
       "While attached, remora holds a lease: if it dies, the agent detaches the tools itself.\n"
+      "Where ptrace is refused (not dumpable, Yama, no CAP_SYS_PTRACE, a seccomp profile), a\n"
+      "process started with remora run --listen is attached through its socket (the process\n"
+      "alone, not its tree).\n"
       "The default tool writes under REMORA_OUTPUT_PATH (-e; default ./remora-output, relative\n"
       "paths are taken from the target's working directory); remora prints its summary.\n"
       "\n"

@@ -1,6 +1,7 @@
 // The options several subcommands share, declared in one place so that they
 // parse, check and read alike in every --help: -p/--pid (attach, detach,
-// status, call) and --timeout (attach, detach, call, run).
+// status, call), --timeout (attach, detach, call, run) and --channel (attach,
+// detach, status).
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +26,17 @@ inline CLI::Option* add_timeout_option(CLI::App* sub, long& timeout_ms, const st
   return sub->add_option("--timeout", timeout_ms, help)
       ->capture_default_str()
       ->check(CLI::Range(1L, 3600L * 1000L));
+}
+
+// --channel auto|ptrace|socket: how the agent is reached (attach, detach,
+// status; attach::Channel).
+inline CLI::Option* add_channel_option(CLI::App* sub, std::string& channel) {
+  return sub
+      ->add_option("--channel", channel,
+                   "How to reach the agent: ptrace, socket (a process started with remora run --listen or "
+                   "REMORA_TOOL_ATTACH=1: no ptrace needed), or auto (ptrace where allowed, else the socket)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "ptrace", "socket"}));
 }
 
 }  // namespace remora::cli

@@ -23,28 +23,35 @@ struct DetachCommandOptions {
   bool tree = false;
   bool unload = false;
   long timeout_ms = 10000;
+  std::string channel = "auto";
 };
 
 // What a process had attached, read before the detach (the agent forgets it).
-std::string tools_of(pid_t pid) {
-  auto st = attach::Controller::status(pid);
+std::string tools_of(pid_t pid, attach::Channel channel) {
+  auto st = attach::Controller::status(pid, channel);
   return st && st->attached ? st->tools : std::string();
 }
 
 int run_detach(const DetachCommandOptions& o) {
   // The process itself first, as `remora call` and `remora attach` refuse it.
-  if (auto c = attach::check_target(o.pid, o.tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
-      !c)
-    return fail(std::move(c).error().with_context("detach from process " + std::to_string(o.pid)));
+  auto channel = attach::parse_channel(o.channel);
+  if (!channel) return fail(channel.error());
+  auto via = attach::resolve_channel(o.pid, *channel, o.tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+  if (!via) return fail(std::move(via).error().with_context("detach from process " + std::to_string(o.pid)));
+  if (*via == attach::Channel::kSocket && o.tree)
+    return fail(Error(Errc::kNotSupported, "--tree reaches processes through ptrace, which process " +
+                                               std::to_string(o.pid) +
+                                               " refuses: detach each process of the tree with remora detach -p"));
   // Signals wait until the detach is over (see StopSignals).
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());
   attach::DetachOptions dopts;
   dopts.timeout = std::chrono::milliseconds(o.timeout_ms);
   dopts.unload = o.unload;
+  dopts.channel = *via == attach::Channel::kSocket ? attach::Channel::kSocket : *channel;
   attach::Controller ctl;
   if (!o.tree) {
-    std::string tools = tools_of(o.pid);
+    std::string tools = tools_of(o.pid, dopts.channel);
     auto r = ctl.detach(o.pid, dopts);
     if (!r) {
       if (r.error().code() == Errc::kNotAttached)
@@ -116,6 +123,7 @@ void add_detach_command(CLI::App& root, Dispatch& dispatch) {
       "--unload", opts->unload,
       "Then unload the tools and the agent: the process keeps no descriptor or mapping of Remora's");
   add_timeout_option(sub, opts->timeout_ms, "Deadline for each detach, in milliseconds");
+  add_channel_option(sub, opts->channel);
   sub->footer(
       "Works whoever attached the tools (remora attach --keep, another program): the\n"
       "agent in each process knows. With --tree, processes with nothing attached are\n"

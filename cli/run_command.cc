@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/channel_wire.h"
 #include "attach/attach.h"
 #include "cli/cli11.h"
 #include "cli/command.h"
@@ -45,6 +46,7 @@ struct RunCommandOptions {
   bool tools_given = false;
   std::vector<std::string> env;
   bool no_tool = false;
+  bool listen = false;  // opt in to the socket channel (REMORA_TOOL_ATTACH=1)
   long timeout_ms = 10000;
 };
 
@@ -255,8 +257,11 @@ int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
   if (!env) return fail(env.error());
   auto agent = attach::find_agent_library();
   if (!agent) return fail(agent.error());
+  // The opt-in: the agent binds its socket (no thread) for remora attach
+  // where ptrace is refused; with no -t nothing is attached now.
+  if (o.listen) set_env(*env, "REMORA_TOOL_ATTACH", "1");
   std::optional<ToolSelection> tools;
-  if (!o.no_tool) {
+  if (!o.no_tool && !(o.listen && !o.tools_given)) {
     auto t = select_tools(o.tools_given ? std::optional<std::string>(o.tools) : std::nullopt);
     if (!t) {
       print_error(t.error().to_string() + (o.tools_given ? "" : " (or --no-tool to preload the agent only)"));
@@ -280,7 +285,10 @@ int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
   if (pid < 0) return exit_code;
   Child child{pid, open_pidfd(pid), *signals};
   note("started " + shell_quote(words[0]) + " (pid " + std::to_string(pid) + ") with " + *agent +
-       " preloaded");
+       " preloaded" +
+       (o.listen ? ", listening on its socket channel (@" REMORA_CHANNEL_NAME_PREFIX + std::to_string(pid) +
+                       ".*): attach with remora attach -p " + std::to_string(pid) + ", no ptrace needed"
+                 : ""));
 
   attach::Controller ctl;
   std::optional<RunAttacher> attacher;
@@ -312,6 +320,10 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
       ->allow_extra_args(false);
   sub->add_flag("--no-tool", opts->no_tool, "Preload the agent only (attach later with remora attach -p PID)")
       ->excludes(tools);
+  sub->add_flag("--listen", opts->listen,
+                "Opt CMD in to the socket channel (REMORA_TOOL_ATTACH=1): remora attach -p PID then works "
+                "without ptrace (non-dumpable programs, pods without CAP_SYS_PTRACE, seccomp profiles); "
+                "attaches nothing now unless -t is given");
   add_timeout_option(
       sub, opts->timeout_ms,
       "Deadline for the agent to load in each program CMD runs and for the attach, in milliseconds");
@@ -327,6 +339,7 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
       "\n"
       "Examples:\n"
       "  remora run -- ./server --port 8080\n"
+      "  remora run --listen -- ./server   # later: remora attach -p PID, no ptrace\n"
       "  remora run -t ./libmytool.so -e MYTOOL_LEVEL=2 -- make -j8\n"
       "\n" +
       exit_code_footer());

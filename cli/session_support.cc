@@ -89,7 +89,7 @@ Result<EnvList> parse_env_list(const std::vector<std::string>& items) {
   return env;
 }
 
-Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid) {
+Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket) {
   // Set only for a session in memory (below); empty, it clears a value an
   // earlier session left in the target's environment. (Before find_env: it
   // may grow `env`.)
@@ -118,7 +118,9 @@ Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid) {
   plan.root = cwd + "/remora-output";
   // Our working directory as the target sees it decides: the same one, and
   // the tool makes remora-output there itself, as its own user.
-  if (target_sees_same_dir(pid, cwd)) {
+  const bool root_hidden =
+      socket && ::access(("/proc/" + std::to_string(pid) + "/root/").c_str(), X_OK) != 0 && errno == EACCES;
+  if (root_hidden || target_sees_same_dir(pid, cwd)) {
     set_env(env, "REMORA_OUTPUT_PATH", plan.root);
     return plan;
   }
@@ -255,6 +257,8 @@ void print_outcome(FILE* out, pid_t pid, const std::string& comm, const std::str
 std::string describe_attach(const attach::ProcessOutcome& o) {
   if (o.ok) {
     long ms = static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(o.elapsed).count());
+    if (o.channel == attach::Channel::kSocket)
+      return "attached through its socket channel (" + std::to_string(ms) + " ms)";
     return std::string("attached (") + (o.agent_loaded_now ? "agent loaded now, " : "agent was loaded, ") +
            std::to_string(ms) + " ms)";
   }

@@ -59,7 +59,11 @@ struct OutputPlan {
 // directory, /proc/PID/cwd). Unset: <remora's cwd>/remora-output, which the
 // target writes into when it sees that very directory, else a private
 // directory inside the target's root (OutputPlan::staged).
-Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid);
+// `socket`: the process is reached through its socket channel, where ptrace
+// is refused: a root that cannot be looked into (/proc/PID/root needs ptrace
+// access) is taken for ours (the same host), and nothing is staged in
+// memory (that needs ptrace).
+Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket = false);
 
 // /proc/PID/comm without its newline; "?" when the process is gone.
 std::string process_comm(pid_t pid);

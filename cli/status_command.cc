@@ -22,6 +22,7 @@ namespace {
 struct StatusCommandOptions {
   pid_t pid = 0;
   bool tree = false;
+  std::string channel = "auto";
 };
 
 // "4242 (remora)" while the holder lives; "expired" once it died and the
@@ -42,12 +43,27 @@ void print_row(pid_t pid, const std::string& comm, const attach::AgentState& st)
               st.agent_loaded ? describe_lease(st).c_str() : "-", st.tools.empty() ? "-" : st.tools.c_str());
 }
 
+// The channel line: how the session came and how this state was read.
+std::string describe_channel(const attach::AgentState& st) {
+  if (!st.agent_loaded) return "";
+  std::string out;
+  if (st.attached)
+    out = std::string("session through ") +
+          (st.session_channel == attach::Channel::kSocket ? "its socket channel" : "ptrace");
+  if (!st.socket.empty())
+    out += std::string(out.empty() ? "" : "; ") + "socket channel " + st.socket +
+           (st.channel == attach::Channel::kSocket ? " (state read through it)" : "");
+  return out;
+}
+
 int run_status(const StatusCommandOptions& o) {
   // Before the header: a process that has no user space to read is refused
   // as `remora call` refuses it (status reads, so a tracer or a static
   // program is no refusal here).
   if (auto c = attach::check_target(o.pid, attach::TargetUse::kRead); !c)
     return fail(std::move(c).error().with_context("status of process " + std::to_string(o.pid)));
+  auto channel = attach::parse_channel(o.channel);
+  if (!channel) return fail(channel.error());
   std::vector<pid_t> pids{o.pid};
   if (o.tree) {
     auto t = attach::Controller::snapshot_tree(o.pid);
@@ -57,11 +73,11 @@ int run_status(const StatusCommandOptions& o) {
   std::printf("%-8s %-16s %-6s %-9s %-10s %-9s %-14s %s\n", "PID", "COMMAND", "AGENT", "ATTACHED", "SESSIONS",
               "LISTENER", "LEASE", "TOOLS");
   int exit_code = 0;
-  std::vector<std::pair<pid_t, std::string>> notes;
+  std::vector<std::pair<pid_t, std::string>> notes, channels;
   std::vector<std::pair<pid_t, pid_t>> namespaced;
   for (pid_t p : pids) {
     std::string comm = process_comm(p);
-    auto st = attach::Controller::status(p);
+    auto st = attach::Controller::status(p, *channel);
     if (!st) {
       // The root must be readable; a child that exited meanwhile is only noted.
       if (p == o.pid && !o.tree) return fail(st.error());
@@ -72,12 +88,14 @@ int run_status(const StatusCommandOptions& o) {
     }
     print_row(p, comm, *st);
     if (!st->message.empty()) notes.emplace_back(p, st->message);
+    if (std::string c = describe_channel(*st); !c.empty()) channels.emplace_back(p, c);
     // Pids and tids above are this machine's; a container's own differ.
     if (auto own = procfs::tid_in_target_ns(p, p); own && *own != p) namespaced.emplace_back(p, *own);
   }
   for (const auto& [p, own] : namespaced)
     std::printf("pid %d is pid %d in its own pid namespace (a container)\n", static_cast<int>(p),
                 static_cast<int>(own));
+  for (const auto& [p, c] : channels) std::printf("pid %d: %s\n", static_cast<int>(p), c.c_str());
   for (const auto& [p, msg] : notes)
     std::printf("pid %d: last agent error: %s\n", static_cast<int>(p), msg.c_str());
   std::fflush(stdout);
@@ -92,11 +110,15 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
       root.add_subcommand("status", "Show the agent's state in a process (or its tree); stops nothing");
   add_pid_option(sub, opts->pid, "Process to inspect");
   sub->add_flag("--tree", opts->tree, "One line for each process of the tree under PID");
+  add_channel_option(sub, opts->channel);
   sub->footer(
       "Columns: AGENT (libremora-agent.so loaded), ATTACHED (tools attached now),\n"
       "SESSIONS (attaches/detaches so far), LISTENER (the agent's thread id), LEASE (pid\n"
       "of the remora holding the lease, '-' none, 'expired' when its holder died and the\n"
-      "agent detached the tools), TOOLS (the loaded tool list).\n"
+      "agent detached the tools), TOOLS (the loaded tool list). A line per process then\n"
+      "says how its session came (ptrace or its socket channel) and names the socket of a\n"
+      "process that opted in (remora run --listen); the state of a process whose memory\n"
+      "cannot be read (not dumpable) is read through that socket.\n"
       "\n" +
       exit_code_footer());
   sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_status(*opts); }; });

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "agent/protocol.h"
+#include "attach/channel.h"
 #include "attach/internal.h"
 #include "base/deadline.h"
 #include "base/log.h"
@@ -102,6 +103,8 @@ std::vector<pid_t> Controller::sessions() const {
   std::vector<pid_t> out;
   for (const auto& [pid, s] : sessions_)
     if (s->attached) out.push_back(pid);
+  for (const auto& [pid, s] : socket_sessions_)
+    if (s->attached) out.push_back(pid);
   return out;
 }
 
@@ -139,15 +142,22 @@ Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) 
   detail::ScopedTimerSlack slack;
   // What the process is, first (a zombie's pidfd already reads as exited,
   // which would otherwise make it "exited during the attach").
-  if (!vetted(pid))
-    REMORA_TRY_CTX(check_target(pid, TargetUse::kProcess), "attach to process " + std::to_string(pid));
+  const auto via = REMORA_TRY(route(pid, opts.channel, TargetUse::kProcess, "attach to process " + std::to_string(pid)));
+  if (via == Channel::kSocket) return attach_socket(pid, opts);
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   UniqueFd pidfd(fd);
   return attach_one(pid, fd, opts);
 }
 
 Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const AttachOptions& opts) {
+  if (opts.channel == Channel::kSocket || socket_session(pid) != nullptr) return attach_socket(pid, opts);
   auto r = attach_steps(pid, pidfd, opts);
+  // Refused at the seize (a seccomp filter of ours, a rule the pre-check
+  // cannot see), before anything changed in the process: its socket, if it
+  // opted in.
+  if (!r && opts.channel == Channel::kAuto && r.error().code() == Errc::kPtraceDenied) {
+    if (auto ep = channel::find_endpoint(pid); ep && *ep) return attach_socket(pid, opts);
+  }
   // Whatever step failed, a process that is gone is reported as such: the
   // failing step (a read, a lookup) is only the symptom.
   // (A process in the middle of exiting fails reads before its pidfd turns
@@ -272,7 +282,8 @@ Result<UnloadReport> Controller::detach(pid_t pid, const DetachOptions& opts) {
 Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts) {
   const std::string ctx =
       std::string(opts.unload ? "detach and unload from" : "detach from") + " process " + std::to_string(pid);
-  if (!vetted(pid)) REMORA_TRY_CTX(check_target(pid, TargetUse::kProcess), ctx);
+  if (REMORA_TRY(route(pid, opts.channel, TargetUse::kProcess, ctx)) == Channel::kSocket)
+    return detach_socket(pid, opts);
   auto s = REMORA_TRY_CTX(session_for(pid, true), ctx);
   std::unique_lock lock(s->mu);
   remote::Target& t = *s->target;
@@ -334,7 +345,7 @@ Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts
   return UnloadReport{};
 }
 
-Result<AgentState> Controller::status(pid_t pid) {
+Result<AgentState> detail::status_through_memory(pid_t pid) {
   REMORA_TRY(check_target(pid, TargetUse::kRead));
   AgentState st;
   auto mem = REMORA_TRY(remote::Memory::open(pid));
@@ -358,6 +369,7 @@ Result<AgentState> Controller::status(pid_t pid) {
   st.lease_expired = info.lease_expired != 0;
   if (info.version >= 4) st.forked_from = info.forked_from;
   if (info.version >= 5) st.loader_attached = info.loader_done != 0;
+  if (info.version >= 6 && info.session_channel != 0) st.session_channel = Channel::kSocket;
   st.message = info.message;
   return st;
 }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,19 @@
 #include "base/unique_fd.h"
 
 namespace remora::attach {
+
+// How the controller reaches a process's agent.
+enum class Channel {
+  kAuto,    // ptrace where it is allowed; the socket where it is refused and the process opted in
+  kPtrace,  // ptrace only (the agent is injected when missing)
+  // The agent's unix socket only (agent/channel_wire.h): no ptrace, no read
+  // of the process's memory; the process must have opted in at launch
+  // (remora run --listen, or the agent preloaded with REMORA_TOOL_ATTACH=1).
+  kSocket,
+};
+std::string_view channel_name(Channel c);  // "auto", "ptrace", "socket"
+// "auto", "ptrace" or "socket"; anything else fails with kInvalidArgument.
+Result<Channel> parse_channel(std::string_view s);
 
 struct AttachOptions {
   // Tool libraries (paths as the controller sees them), in call order.
@@ -36,6 +50,9 @@ struct AttachOptions {
   // The agent library; empty: REMORA_AGENT_PATH, then next to Remora's own
   // library or executable (../lib), then the install location.
   std::string agent_path;
+  // Through the socket the tools are sent as descriptors (SCM_RIGHTS): the
+  // target needs no view of the controller's files.
+  Channel channel = Channel::kAuto;
 };
 
 struct DetachOptions {
@@ -49,6 +66,9 @@ struct DetachOptions {
   // whose tools are detached already is unloaded all the same; one without
   // an agent fails with kNotAttached.
   bool unload = false;
+  // A process attached through its socket is detached through it whatever
+  // this says; kAuto finds the socket where ptrace is refused.
+  Channel channel = Channel::kAuto;
 };
 
 // What an unload left behind in one process (DetachOptions::unload).
@@ -70,6 +90,7 @@ struct ProcessOutcome {
   Errc code = Errc::kOk;
   std::chrono::nanoseconds elapsed{0};
   UnloadReport unload;  // a detach with DetachOptions::unload
+  Channel channel = Channel::kPtrace;  // the one used (never kAuto)
 };
 
 // The agent's view of a process (the truth about its session).
@@ -86,6 +107,13 @@ struct AgentState {
   // (no attach call on the listener); protocol 5.
   bool loader_attached = false;
   std::string message;  // why the last agent call failed
+  Channel channel = Channel::kPtrace;  // how this state was read (never kAuto)
+  // How the attached session came (agent protocol 6 and later): through
+  // the socket channel, or through ptrace.
+  Channel session_channel = Channel::kPtrace;
+  // The process opted in to the socket channel: its abstract socket
+  // ("@remora-agent.PID.SIGNO"), empty when it has none.
+  std::string socket;
 };
 
 // Following a tree while it grows (Controller::follow_start/follow_poll).
@@ -115,6 +143,16 @@ struct FollowEvent {
   pid_t parent = 0;     // its parent when it was found (0: unknown)
   bool execed = false;  // kAttached: it had been adopted, then exec'ed (same pid, a new program)
   ProcessOutcome outcome;
+};
+
+// What an operation will do to a process, for check_target.
+enum class TargetUse {
+  kProcess,  // attach to it or detach from it: every refusal below
+  kTree,     // the same for its tree: the refusals of the root alone (the
+             // caller itself, traced by another, ptrace refused, statically
+             // linked) only when it has no children, which may still attach
+  kRead,     // read its agent's state (status): stops and calls nothing, so
+             // only gone, a zombie, a kernel thread (and a bad pid)
 };
 
 class Controller {
@@ -171,8 +209,10 @@ class Controller {
   // followed processes), four at a time; one outcome each.
   std::vector<ProcessOutcome> detach_sessions(const DetachOptions& opts);
 
-  // Reads the agent's state in `pid` (no thread is stopped).
-  static Result<AgentState> status(pid_t pid);
+  // Reads the agent's state in `pid` (no thread is stopped): from its
+  // memory (kPtrace: /proc/PID/mem, which needs ptrace access), or over its
+  // socket (kSocket); kAuto reads the memory where it may, else the socket.
+  static Result<AgentState> status(pid_t pid, Channel channel = Channel::kAuto);
   // The process tree under `root`, breadth-first, root first.
   static Result<std::vector<pid_t>> snapshot_tree(pid_t root);
 
@@ -194,22 +234,21 @@ class Controller {
   void forget(pid_t pid);                  // drops the session of a process that exec'ed
   UniqueFd lease_pipe_held_by(pid_t pid);  // a dup of our lease write end whose read end `pid` holds
   struct Follow;
+  // The socket channel (socket_session.cc).
+  struct SocketSession;
+  Result<Channel> route(pid_t pid, Channel asked, TargetUse use, const std::string& ctx);
+  std::shared_ptr<SocketSession> socket_session(pid_t pid);
+  Result<ProcessOutcome> attach_socket(pid_t pid, const AttachOptions& opts);
+  Result<UnloadReport> detach_socket(pid_t pid, const DetachOptions& opts);
 
   mutable std::mutex mu_;
   std::map<pid_t, std::shared_ptr<Session>> sessions_;
   std::map<pid_t, std::vector<pid_t>> trees_;         // root -> pids attached by attach_tree
   std::map<pid_t, std::shared_ptr<Follow>> follows_;  // root -> what follow_poll knows
+  std::map<pid_t, std::shared_ptr<SocketSession>> socket_sessions_;
 };
 
-// What an operation will do to a process, for check_target.
-enum class TargetUse {
-  kProcess,  // attach to it or detach from it: every refusal below
-  kTree,     // the same for its tree: the refusals of the root alone (the
-             // caller itself, traced by another, ptrace refused, statically
-             // linked) only when it has no children, which may still attach
-  kRead,     // read its agent's state (status): stops and calls nothing, so
-             // only gone, a zombie, a kernel thread (and a bad pid)
-};
+
 
 // The refusals about process `pid` itself, in the words `remora call` uses:
 // kInvalidArgument (pid <= 0, a thread id), kOwnProcess, kNoSuchProcess,
@@ -221,6 +260,15 @@ enum class TargetUse {
 // carry no context: the caller says what it was doing ("attach to process
 // N"). Any thread.
 Result<void> check_target(pid_t pid, TargetUse use);
+
+// Which channel reaches process `pid` for `use` (kProcess: attach or
+// detach; kRead: status), with check_target's refusals: kPtrace and kSocket
+// as asked (kSocket refused when the process has no socket: it did not opt
+// in); kAuto is ptrace unless check_target refuses it with kPtraceDenied
+// and the process opted in (then kSocket). A ptrace refusal with no socket
+// says how to opt in. Reads /proc only. (Controller::attach and detach
+// decide so too, and also go to the socket when a seize is refused later.)
+Result<Channel> resolve_channel(pid_t pid, Channel asked, TargetUse use);
 
 // Finds libremora-agent.so (see AttachOptions::agent_path).
 Result<std::string> find_agent_library(const std::string& explicit_path = {});

@@ -192,6 +192,8 @@ struct JustLoaded {
 };
 
 Errc errc_for_agent(int rc);
+// Controller::status through /proc/PID/mem (the agent's info block).
+Result<AgentState> status_through_memory(pid_t pid);
 Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own = false,
                            const JustLoaded* just = nullptr);
 void listener_as_we_name_it(pid_t pid, remora_agent_info* info, bool nested_pid_ns = true);
@@ -259,6 +261,16 @@ struct Controller::Session {
   // detaches. A failed attach (say, a process another controller attached)
   // leaves it false. The session itself stays after a detach, so that a
   // re-attach finds the process open and the agent's symbols resolved.
+  bool attached = false;
+};
+
+// A session through the socket channel (socket_session.cc): no Target, no
+// agent symbols; the lease is a pipe whose read end went over the socket.
+struct Controller::SocketSession {
+  std::mutex mu;
+  pid_t pid = 0;
+  UniqueFd pidfd;
+  UniqueFd lease;  // the lease pipe's write end while attached with a lease
   bool attached = false;
 };
 
