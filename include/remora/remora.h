@@ -105,6 +105,23 @@ typedef enum remora_status {
   REMORA_STATUS_LAST                   /* one past the last code; not a status */
 } remora_status_t;
 
+/* How the library reaches the agent in a process (remora_options_t.channel,
+ * remora_detach_options_t.channel; since 0.4, in bytes that were reserved
+ * and zero before, so an older caller gets AUTO).
+ *   AUTO    ptrace where it is allowed; where it is refused (the process is
+ *           not dumpable, Yama, no CAP_SYS_PTRACE, a seccomp profile of
+ *           ours) the agent's socket, when the process opted in.
+ *   PTRACE  ptrace only (the agent is injected when the process has none).
+ *   SOCKET  the socket only: the process must have opted in at launch
+ *           (libremora-agent.so preloaded with REMORA_TOOL_ATTACH=1 or
+ *           ROCP_TOOL_ATTACH=1, or `remora run --listen`); nothing stops or
+ *           reads the process, the tools go over the socket as descriptors.
+ * A process attached through its socket is detached through it. Trees are
+ * walked through ptrace only: with SOCKET, attach_children must be false. */
+#define REMORA_CHANNEL_AUTO 0
+#define REMORA_CHANNEL_PTRACE 1
+#define REMORA_CHANNEL_SOCKET 2
+
 /*
  * Options of an attach. Initialise with remora_options_init, then set what
  * you need. The library reads them during the call only.
@@ -128,7 +145,8 @@ typedef struct remora_options {
    * cannot be armed fails and detaches the tools again. false: tools stay
    * attached until someone detaches them. */
   bool lease;
-  uint8_t reserved[6];
+  uint8_t channel; /* REMORA_CHANNEL_*; 0 = AUTO (since 0.4) */
+  uint8_t reserved[5];
   /* Path of libremora-agent.so; NULL or "" = search (see the top). */
   const char* agent_path;
 } remora_options_t;
@@ -139,7 +157,9 @@ typedef struct remora_agent_state {
   bool agent_loaded;  /* libremora-agent.so is loaded in the process */
   bool attached;      /* tools are attached now */
   bool lease_expired; /* the lease fired: the controller died and the agent detached */
-  uint8_t reserved;
+  /* How the attached session came: REMORA_CHANNEL_PTRACE or
+   * REMORA_CHANNEL_SOCKET (since 0.4; was reserved, 0). */
+  uint8_t session_channel;
   uint64_t sessions;  /* attaches so far (1 after the first) */
   uint64_t detaches;  /* detaches so far */
   pid_t listener_tid; /* the agent's listener thread, 0 if none */
@@ -234,7 +254,8 @@ typedef struct remora_detach_options {
   /* true: detach the tree as remora_detach_tree does (the root's recorded
    * tree, or the tree under it as it is now). */
   bool children;
-  uint8_t reserved[3];
+  uint8_t channel; /* REMORA_CHANNEL_*; 0 = AUTO (since 0.4) */
+  uint8_t reserved[2];
   /* Out, written by the call: the tools an unload left loaded, one line per
    * tool, "PID PATH\n" ("" when none); truncated at a line, NUL-terminated. */
   char kept_tools[4096];
@@ -267,10 +288,12 @@ REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t
  * Reads the agent's state in `pid` into *state without stopping any of its
  * threads. Set state->size = sizeof(remora_agent_state_t) first: the library
  * writes only the fields that fit in it (and sets size to what it wrote).
- * A process without the agent gives SUCCESS with agent_loaded false. Any
+ * A process without the agent gives SUCCESS with agent_loaded false. A
+ * process whose memory cannot be read (not dumpable, another uid) but that
+ * opted in to the socket channel is asked through its socket. Any
  * thread. Fails with INVALID_ARGUMENT (NULL, size too small to hold
  * `agent_loaded`), NO_SUCH_PROCESS, PTRACE_DENIED (no right to read its
- * memory), ...
+ * memory, and no socket), ...
  */
 REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state);
 

@@ -77,6 +77,7 @@ class AgentStatus:
     lease_pid: int  # the controller holding the lease, 0 if none
     tools: tuple[str, ...]  # the loaded tool libraries
     message: str  # why the agent's last call failed ("" if it did not)
+    session_channel: str = "ptrace"  # how the attached session came: "ptrace" or "socket"
 
 
 def library_path(attach_library: PathLike | None = None) -> str:
@@ -166,6 +167,7 @@ class _AttachOptions:
     agent_path: PathLike | None = None
     forward_environment: bool = True
     unload: bool = False
+    channel: str = "auto"
 
     def keywords(self) -> dict[str, object]:
         """The options as keyword arguments of another entry point."""
@@ -229,7 +231,9 @@ class Session:
         # The process itself first (gone, a zombie, a kernel thread, traced,
         # statically linked, this process), as the remora command refuses
         # it: before the tools are looked for.
-        self._backend.check(self.pid, bool(options.attach_children))
+        channel = str(options.channel)
+        _capi.channel_code(channel)  # an unknown channel is the caller's bug, said first
+        self._backend.check(self.pid, bool(options.attach_children), channel)
         self.tools = _tools(attach_tool_library, self._backend).split(":")
         self.children = bool(options.attach_children)
         self.unload = bool(options.unload)
@@ -250,6 +254,7 @@ class Session:
                 bool(options.lease),
                 None if timeout_msec is None else int(timeout_msec),
                 os.fspath(options.agent_path) if options.agent_path else None,
+                channel,
             )
         except RemoraError as e:
             if self.children:
@@ -422,6 +427,10 @@ def attach(
         tools themselves (libremora.so only).
     timeout_msec: deadline per remote operation (default 10000).
     agent_path: libremora-agent.so to use (default: found next to libremora.so).
+    channel: how the agent is reached: "auto" (ptrace where it is allowed,
+        else the socket of a process that opted in at launch with
+        REMORA_TOOL_ATTACH=1 or `remora run --listen`), "ptrace", or "socket"
+        (no ptrace at all; the process alone, attach_children=False).
     unload: after the detach, unload the tools and the agent too, so that
         the process keeps no descriptor or mapping of Remora's (libremora.so
         only; a tool that cannot be unloaded stays, named in the Session's
@@ -478,4 +487,5 @@ def status(pid: int, attach_library: PathLike | None = None) -> AgentStatus:
         lease_pid=int(s.lease_pid),
         tools=tuple(t for t in tools.split(":") if t),
         message=s.message.decode("utf-8", "replace"),
+        session_channel="socket" if s.session_channel == 2 else "ptrace",
     )

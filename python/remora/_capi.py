@@ -198,7 +198,8 @@ class _Options(ctypes.Structure):
         ("env_count", ctypes.c_size_t),
         ("attach_children", ctypes.c_bool),
         ("lease", ctypes.c_bool),
-        ("reserved", ctypes.c_uint8 * 6),
+        ("channel", ctypes.c_uint8),  # REMORA_CHANNEL_* (0.4; reserved before)
+        ("reserved", ctypes.c_uint8 * 5),
         ("agent_path", ctypes.c_char_p),
     ]
 
@@ -209,7 +210,7 @@ class _AgentState(ctypes.Structure):
         ("agent_loaded", ctypes.c_bool),
         ("attached", ctypes.c_bool),
         ("lease_expired", ctypes.c_bool),
-        ("reserved", ctypes.c_uint8),
+        ("session_channel", ctypes.c_uint8),  # REMORA_CHANNEL_PTRACE or _SOCKET (0.4; reserved before)
         ("sessions", ctypes.c_uint64),
         ("detaches", ctypes.c_uint64),
         ("listener_tid", pid_t),
@@ -225,12 +226,23 @@ class _DetachOptions(ctypes.Structure):
         ("timeout_msec", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
         ("children", ctypes.c_bool),
-        ("reserved", ctypes.c_uint8 * 3),
+        ("channel", ctypes.c_uint8),  # REMORA_CHANNEL_* (0.4; reserved before)
+        ("reserved", ctypes.c_uint8 * 2),
         ("kept_tools", ctypes.c_char * 4096),
     ]
 
 
 DETACH_UNLOAD = 0x1  # REMORA_DETACH_UNLOAD
+# REMORA_CHANNEL_*: how the agent is reached (remora.h).
+CHANNELS = {"auto": 0, "ptrace": 1, "socket": 2}
+
+
+def channel_code(channel: str) -> int:
+    """The REMORA_CHANNEL_* value of "auto", "ptrace" or "socket"."""
+    try:
+        return CHANNELS[channel]
+    except KeyError:
+        raise invalid_argument(f"channel {channel!r}: use 'auto', 'ptrace' or 'socket'") from None
 CHECK_TREE = 0x1  # REMORA_CHECK_TREE
 
 
@@ -366,14 +378,18 @@ class RemoraBackend(Backend):
         message = _decode(self.cdll.remora_last_error()) or f"{what}: {_decode(self.cdll.remora_status_string(code))}"
         return RemoraError(code, _decode(self.cdll.remora_status_name(code)), message, api=self.api, pid=pid)
 
-    def check(self, pid: int, children: bool) -> None:
+    def check(self, pid: int, children: bool, channel: str = "auto") -> None:
         """Raises the RemoraError remora_attach would raise for what the
         process is (gone, a zombie, a kernel thread, traced by another,
         statically linked, this process), before anything is prepared.
-        With a libremora.so older than 0.3 the attach says it instead."""
+        With a libremora.so older than 0.3 the attach says it instead. A
+        ptrace refusal is left to the attach unless the channel is ptrace:
+        the socket may serve where ptrace is refused."""
         if not self.can_check:
             return
         st = self.cdll.remora_check_target(pid, CHECK_TREE if children else 0)
+        if st == Status.PTRACE_DENIED and channel != "ptrace":
+            return
         if st != Status.SUCCESS:
             raise self.error(st, pid, f"attach {pid}")
 
@@ -386,6 +402,7 @@ class RemoraBackend(Backend):
         lease: bool,
         timeout_msec: int | None,
         agent_path: str | None,
+        channel: str = "auto",
     ) -> None:
         opts = _Options()
         st = self.cdll.remora_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts))
@@ -401,6 +418,7 @@ class RemoraBackend(Backend):
         opts.env_count = len(env)
         opts.attach_children = False  # remora_attach_tree is called explicitly instead
         opts.lease = lease
+        opts.channel = channel_code(channel)
         if timeout_msec is not None:
             opts.timeout_msec = timeout_msec
         opts.agent_path = agent_b
@@ -507,14 +525,18 @@ class RocattachBackend(Backend):
             pid=pid,
         )
 
-    def check(self, pid: int, children: bool) -> None:
+    def check(self, pid: int, children: bool, channel: str = "auto") -> None:
         """Nothing here: rocattach.h has no such call, and its errors are
         rocattach's; Remora's rocattach_attach refuses the process first
         itself."""
-        del pid, children
+        del pid, children, channel
 
-    def attach(self, pid, tools, env, children, lease, timeout_msec, agent_path) -> None:
+    def attach(self, pid, tools, env, children, lease, timeout_msec, agent_path, channel="auto") -> None:
         del lease, timeout_msec  # rocattach has neither
+        if channel == "ptrace":
+            raise invalid_argument(
+                "channel 'ptrace': a rocattach library chooses its channel itself (auto); use libremora.so"
+            )
         extra = {}
         for e in env:
             name, _, value = e.partition("=")

@@ -102,6 +102,18 @@ remora_status_t fenced(const char* what, F&& f) noexcept {
   }
 }
 
+Result<attach::Channel> channel_of(uint8_t c, const char* what) {
+  switch (c) {
+    case REMORA_CHANNEL_AUTO: return attach::Channel::kAuto;
+    case REMORA_CHANNEL_PTRACE: return attach::Channel::kPtrace;
+    case REMORA_CHANNEL_SOCKET: return attach::Channel::kSocket;
+    default:
+      return Error(Errc::kInvalidArgument, std::string(what) + ".channel is " + std::to_string(c) +
+                                               "; use REMORA_CHANNEL_AUTO, REMORA_CHANNEL_PTRACE or "
+                                               "REMORA_CHANNEL_SOCKET");
+  }
+}
+
 Result<attach::AttachOptions> convert(const remora_options_t* o) {
   if (!o)
     return Error(Errc::kInvalidArgument, "remora_options_t is NULL; initialise one with remora_options_init");
@@ -135,6 +147,11 @@ Result<attach::AttachOptions> convert(const remora_options_t* o) {
   if (o->timeout_msec != 0) out.timeout = std::chrono::milliseconds(o->timeout_msec);
   out.lease = o->lease;
   if (o->agent_path) out.agent_path = o->agent_path;
+  out.channel = REMORA_TRY(channel_of(o->channel, "remora_options_t"));
+  if (out.channel == attach::Channel::kSocket && o->attach_children)
+    return Error(Errc::kInvalidArgument,
+                 "remora_options_t.attach_children with REMORA_CHANNEL_SOCKET: trees are walked through ptrace; "
+                 "attach each process of the tree through its own socket");
   return out;
 }
 
@@ -167,6 +184,17 @@ remora_status_t report(const char* what, pid_t root, Result<std::vector<attach::
 // in the words of the attach: "attach to process N: process N is a zombie...".
 remora_status_t check_target(pid_t pid, bool tree) {
   auto c = attach::check_target(pid, tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+  if (!c) return fail(std::move(c).error().with_context("attach to process " + std::to_string(pid)));
+  return REMORA_STATUS_SUCCESS;
+}
+
+// The same refusals, for the channel asked (an unknown one is the
+// convert()'s to report): a ptrace refusal is none where the socket serves.
+remora_status_t check_channel(pid_t pid, bool tree, uint8_t channel) {
+  if (channel == REMORA_CHANNEL_PTRACE || channel > REMORA_CHANNEL_SOCKET) return check_target(pid, tree);
+  auto c = attach::resolve_channel(
+      pid, channel == REMORA_CHANNEL_SOCKET ? attach::Channel::kSocket : attach::Channel::kAuto,
+      tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
   if (!c) return fail(std::move(c).error().with_context("attach to process " + std::to_string(pid)));
   return REMORA_STATUS_SUCCESS;
 }
@@ -257,7 +285,7 @@ REMORA_API remora_status_t remora_attach(pid_t pid, const remora_options_t* opts
     // process, before the tools: a zombie is refused as such, also with a
     // tool list that would not do.
     if (!opts || opts->size < kOptionsV1Size) return fail(convert(opts).error());
-    if (auto c = check_target(pid, opts->attach_children); c != REMORA_STATUS_SUCCESS) return c;
+    if (auto c = check_channel(pid, opts->attach_children, opts->channel); c != REMORA_STATUS_SUCCESS) return c;
     auto o = convert(opts);
     if (!o) return fail(o.error());
     if (opts->attach_children) return attach_tree(pid, *o);
@@ -323,6 +351,9 @@ REMORA_API remora_status_t remora_detach_with(pid_t pid, remora_detach_options_t
     attach::DetachOptions d;
     if (opts->timeout_msec != 0) d.timeout = std::chrono::milliseconds(opts->timeout_msec);
     d.unload = (opts->flags & REMORA_DETACH_UNLOAD) != 0;
+    auto channel = channel_of(opts->channel, "remora_detach_options_t");
+    if (!channel) return fail(channel.error());
+    d.channel = *channel;
     opts->kept_tools[0] = '\0';
     if (opts->children) {
       auto r = controller().detach_tree(pid, d);
@@ -383,6 +414,8 @@ REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state)
     full.agent_loaded = r->agent_loaded;
     full.attached = r->attached;
     full.lease_expired = r->lease_expired;
+    full.session_channel = static_cast<uint8_t>(r->session_channel == attach::Channel::kSocket ? REMORA_CHANNEL_SOCKET
+                                                                                              : REMORA_CHANNEL_PTRACE);
     full.sessions = r->sessions;
     full.detaches = r->detaches;
     full.listener_tid = r->listener_tid;
