@@ -36,14 +36,15 @@ struct Numbers {
   long read, readv, recvfrom, recvmsg, accept, accept4, wait4, waitid, futex;
   long epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect6, nanosleep,
       clock_nanosleep, pause;
+  long write, writev, pread64, pwrite64, sendto, sendmsg, connect;
 };
 
-inline constexpr Numbers kX86_64 = {0, 19, 45, 47, 43, 288, 61, 247, 202,
-                                    232, 281, 441, 7, 271, 23, 270, 35, 230, 34};
+inline constexpr Numbers kX86_64 = {0,   19,  45,  47,  43,  288, 61, 247, 202, 232, 281, 441, 7,
+                                    271, 23,  270, 35,  230, 34,  1,  20,  17,  18,  44,  46,  42};
 // aarch64 has no epoll_wait, poll, select, pause or accept-without-4 calls
 // (-1: never matches).
-inline constexpr Numbers kAarch64 = {63, 65, 207, 212, 202, 242, 260, 95, 98,
-                                     -1, 22, 441, -1, 73, -1, 72, 101, 115, -1};
+inline constexpr Numbers kAarch64 = {63, 65, 207, 212, 202, 242, 260, 95, 98,  -1,  22,  441, -1,
+                                     73, -1, 72,  101, 115, -1,  64,  66, 67, 68,  206, 211, 203};
 
 inline constexpr const Numbers& numbers(Arch a) { return a == Arch::kX86_64 ? kX86_64 : kAarch64; }
 
@@ -76,30 +77,49 @@ inline bool repairable_wait(Arch a, long nr) {
          nr == n.clock_nanosleep || nr == n.pause || nr == n.futex;
 }
 
+// A call the thread has just returned from (pc right after the
+// instruction, the result in the return register): it blocks or moves
+// data, and glibc makes none of them while it holds a lock pthread_create
+// takes (malloc's arenas and the stack cache are held around mmap,
+// munmap, mprotect, madvise and brk only). A thread busy in I/O is found
+// there more often than anywhere else.
+inline bool safe_after_return(Arch a, long nr) {
+  const Numbers& n = numbers(a);
+  if (nr < 0) return false;
+  return restartable_wait(a, nr, 0, 0) || repairable_wait(a, nr) || nr == n.write || nr == n.writev ||
+         nr == n.pread64 || nr == n.pwrite64 || nr == n.sendto || nr == n.sendmsg || nr == n.connect;
+}
+
 // x86_64: is `at` (2 bytes) a `syscall` instruction?
 inline bool is_syscall_insn_x86(const uint8_t* at) { return at[0] == 0x0f && at[1] == 0x05; }
 // aarch64: is the word `svc #0`?
 inline bool is_svc_a64(uint32_t insn) { return insn == 0xd4000001u; }
 
+// x86_64: is before[at, at + gap) one move of an argument register (an
+// optional REX prefix, then 89 or 8b and at least a ModRM byte)?
+inline bool is_register_move_x86(const uint8_t* m, int gap) {
+  if (gap == 0) return true;
+  int i = 0;
+  if ((m[0] & 0xf0) == 0x40) ++i;  // REX
+  return i < gap && (m[i] == 0x89 || m[i] == 0x8b) && gap - i >= 2;
+}
+
 // x86_64: the number a glibc wrapper loaded into eax before the `syscall`
 // that ends at `before + len` (before[len-2], before[len-1] == 0f 05): a
-// `mov $imm32, %eax` (b8 imm32) right before it, or before one move of an
-// argument register (2 to 5 bytes: an optional REX prefix, then 89 or 8b).
+// `mov $imm32, %eax` (b8 imm32), or `xor %eax, %eax` (31 c0: read), right
+// before it or before one move of an argument register (2 to 5 bytes).
 // Returns -1 when the bytes show no such load (then nothing is repaired).
 inline long decode_nr_x86(const uint8_t* before, int len) {
   if (len < 7 || !is_syscall_insn_x86(before + len - 2)) return -1;
   const int end = len - 2;  // index of the syscall instruction
   for (int gap = 0; gap <= 5; ++gap) {
+    const int xor_at = end - gap - 2;
+    if (xor_at >= 0 && before[xor_at] == 0x31 && before[xor_at + 1] == 0xc0 &&
+        is_register_move_x86(before + xor_at + 2, gap))
+      return 0;
     const int mov = end - gap - 5;
     if (mov < 0) break;
-    if (before[mov] != 0xb8) continue;
-    if (gap != 0) {
-      const uint8_t* m = before + mov + 5;
-      int i = 0;
-      if ((m[0] & 0xf0) == 0x40) ++i;  // REX
-      if (i >= gap || (m[i] != 0x89 && m[i] != 0x8b)) continue;
-      if (gap - i < 2) continue;  // opcode + modrm at least
-    }
+    if (before[mov] != 0xb8 || !is_register_move_x86(before + mov + 5, gap)) continue;
     const uint32_t imm = static_cast<uint32_t>(before[mov + 1]) | static_cast<uint32_t>(before[mov + 2]) << 8 |
                          static_cast<uint32_t>(before[mov + 3]) << 16 | static_cast<uint32_t>(before[mov + 4]) << 24;
     if (imm > 1024) continue;
@@ -146,11 +166,17 @@ inline Verdict judge(const Context& c, long* repair_nr) {
       if (restartable_wait(c.arch, nr, static_cast<long>(c.args[1]), c.args[3])) return Verdict::kStartHere;
       return Verdict::kForward;
     }
-    if (c.ret == kEintr && is_syscall_insn_x86(c.before + 14)) {
+    if (is_syscall_insn_x86(c.before + 14)) {
       const long nr = decode_nr_x86(c.before, 16);
-      if (!repairable_wait(c.arch, nr)) return Verdict::kForward;
-      *repair_nr = nr;
-      return Verdict::kRepairAndStart;
+      if (c.ret == kEintr) {
+        if (!repairable_wait(c.arch, nr)) return Verdict::kForward;
+        *repair_nr = nr;
+        return Verdict::kRepairAndStart;
+      }
+      // Just back from a call that completed (the signal came on its way
+      // out): as safe as in it, for the calls that hold nothing.
+      if (safe_after_return(c.arch, nr)) return Verdict::kStartHere;
+      return Verdict::kForward;
     }
     return c.pc_in_program ? Verdict::kStartHere : Verdict::kForward;
   }
@@ -167,7 +193,12 @@ inline Verdict judge(const Context& c, long* repair_nr) {
   }
   const uint32_t prev = static_cast<uint32_t>(c.before[12]) | static_cast<uint32_t>(c.before[13]) << 8 |
                         static_cast<uint32_t>(c.before[14]) << 16 | static_cast<uint32_t>(c.before[15]) << 24;
-  if (is_svc_a64(prev)) return Verdict::kForward;  // just out of a call (its result in x0): not known safe
+  if (is_svc_a64(prev)) {
+    // Just out of a call: x8 still names it. One that completed is judged
+    // as on x86_64; an EINTR is left (x0 is gone: nothing to re-issue).
+    if (c.ret == kEintr) return Verdict::kForward;
+    return safe_after_return(c.arch, static_cast<long>(c.nr_reg)) ? Verdict::kStartHere : Verdict::kForward;
+  }
   return c.pc_in_program ? Verdict::kStartHere : Verdict::kForward;
 }
 

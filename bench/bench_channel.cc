@@ -1,0 +1,283 @@
+// remora-bench-channel: the socket channel against ptrace (issue 27's
+// benchmark), every row sampled once per round so that a change of machine
+// load shifts them alike:
+//   first attach   Controller::attach of the hook tool into a fresh process
+//                  that opted in (the agent preloaded, REMORA_TOOL_ATTACH=1,
+//                  so neither row loads the agent), through ptrace and
+//                  through the socket; the target's main thread waits in
+//                  read(2) ("read": the wake starts the thread on it) or in
+//                  epoll_wait(2) ("epoll": the wake re-issues the wait);
+//   re-attach      attach + detach cycles on one process: ptrace, the
+//                  socket with its channel thread still up ("warm": the
+//                  cycles follow each other), and the socket after the
+//                  thread left ("cold": each attach needs a wake);
+//   idle overhead  a fresh process running a CPU-bound loop and a
+//                  syscall-heavy loop (getppid, and write+read on a pipe),
+//                  without the agent and opted in with nobody attached: the
+//                  loop's own time, and the process's whole life (fork,
+//                  exec, the agent's constructor, exit).
+// Every process is this program run again in a role ("--target",
+// "--work"). The payload is the test hook tool with no log file.
+//   remora-bench-channel AGENT TOOL [ROUNDS]
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attach/attach.h"
+
+using Clock = std::chrono::steady_clock;
+using remora::attach::AttachOptions;
+using remora::attach::Channel;
+using remora::attach::Controller;
+
+namespace {
+
+std::string g_self, g_agent;
+
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "remora-bench-channel: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// "--target READY HOLD read|epoll": says it is up, then waits on HOLD.
+int target_main(int ready_fd, int hold_fd, const char* how) {
+  char b = 'r';
+  (void)!write(ready_fd, &b, 1);
+  if (std::strcmp(how, "epoll") == 0) {
+    const int ep = epoll_create1(0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    epoll_ctl(ep, EPOLL_CTL_ADD, hold_fd, &ev);
+    epoll_event out{};
+    while (epoll_wait(ep, &out, 1, -1) == 0) {
+    }
+    return 0;
+  }
+  (void)!read(hold_fd, &b, 1);
+  return 0;
+}
+
+// "--work cpu|sys|pipe N OUT": runs the loop, writes its own time (ns) to OUT.
+int work_main(const char* kind, long n, int out_fd) {
+  const auto t0 = Clock::now();
+  volatile uint64_t acc = 1;
+  if (std::strcmp(kind, "cpu") == 0) {
+    for (long i = 0; i < n; ++i) acc = acc * 6364136223846793005ull + 1442695040888963407ull;
+  } else if (std::strcmp(kind, "sys") == 0) {
+    for (long i = 0; i < n; ++i) acc = acc + static_cast<uint64_t>(getppid());
+  } else {
+    int p[2];
+    if (pipe(p) != 0) return 1;
+    char b = 'x';
+    for (long i = 0; i < n; ++i) {
+      (void)!write(p[1], &b, 1);
+      (void)!read(p[0], &b, 1);
+    }
+  }
+  const long ns = static_cast<long>(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+  (void)!write(out_fd, &ns, sizeof ns);
+  return 0;
+}
+
+// Starts this program in a role; `opted`: with the agent preloaded and
+// REMORA_TOOL_ATTACH=1. Returns its pid.
+pid_t spawn(const std::vector<std::string>& args, bool opted) {
+  const pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {
+    if (opted) {
+      setenv("LD_PRELOAD", g_agent.c_str(), 1);
+      setenv("REMORA_TOOL_ATTACH", "1", 1);
+    } else {
+      unsetenv("LD_PRELOAD");
+      unsetenv("REMORA_TOOL_ATTACH");
+    }
+    std::vector<char*> argv{g_self.data()};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(g_self.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+struct Target {
+  pid_t pid = 0;
+  int hold = -1;
+  Target(const char* how) {
+    int ready[2], hold_p[2];
+    if (pipe(ready) != 0 || pipe(hold_p) != 0) die("pipe");
+    fcntl(ready[0], F_SETFD, FD_CLOEXEC);  // the write ends go to the target
+    fcntl(hold_p[1], F_SETFD, FD_CLOEXEC);
+    pid = spawn({"--target", std::to_string(ready[1]), std::to_string(hold_p[0]), how}, true);
+    close(ready[1]);
+    close(hold_p[0]);
+    hold = hold_p[1];
+    char b;
+    if (read(ready[0], &b, 1) != 1) die("the target did not start");
+    close(ready[0]);
+    // Up to its read or epoll_wait: its one thread asleep.
+    for (int i = 0; i < 2000; ++i) {
+      char st[512] = "";
+      const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+      if (FILE* f = std::fopen(path.c_str(), "r")) {
+        (void)!std::fgets(st, sizeof st, f);
+        std::fclose(f);
+      }
+      const char* p = std::strrchr(st, ')');
+      if (p && p[2] == 'S') break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  ~Target() {
+    close(hold);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
+double first_attach(const AttachOptions& base, Channel ch, const char* how) {
+  Target t(how);
+  AttachOptions o = base;
+  o.channel = ch;
+  Controller c;
+  const auto t0 = Clock::now();
+  if (auto r = c.attach(t.pid, o); !r) die(r.error().to_string());
+  const double us = us_since(t0);
+  remora::attach::DetachOptions d;
+  d.channel = ch;
+  if (auto r = c.detach(t.pid, d); !r) die(r.error().to_string());
+  return us;
+}
+
+// Attach + detach cycles on one process; `pause_ms` between them.
+void reattach(const AttachOptions& base, Channel ch, int cycles, int pause_ms, std::vector<double>* out) {
+  Target t("read");
+  AttachOptions o = base;
+  o.channel = ch;
+  remora::attach::DetachOptions d;
+  d.channel = ch;
+  Controller c;
+  if (auto r = c.attach(t.pid, o); !r) die(r.error().to_string());
+  if (auto r = c.detach(t.pid, d); !r) die(r.error().to_string());
+  for (int i = 0; i < cycles; ++i) {
+    if (pause_ms) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    const auto t0 = Clock::now();
+    if (auto r = c.attach(t.pid, o); !r) die(r.error().to_string());
+    if (auto r = c.detach(t.pid, d); !r) die(r.error().to_string());
+    out->push_back(us_since(t0));
+  }
+}
+
+// One workload process: {its loop's time, its whole life}, us.
+std::pair<double, double> work(const char* kind, long n, bool opted) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) die("pipe");
+  const int child_out = dup(out[1]);  // inherited across exec
+  const auto t0 = Clock::now();
+  const pid_t pid = spawn({"--work", kind, std::to_string(n), std::to_string(child_out)}, opted);
+  close(child_out);
+  close(out[1]);
+  long ns = 0;
+  if (read(out[0], &ns, sizeof ns) != sizeof ns) die("the workload said nothing");
+  int st = 0;
+  waitpid(pid, &st, 0);
+  const double life = us_since(t0);
+  close(out[0]);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die("the workload failed");
+  return {static_cast<double>(ns) / 1e3, life};
+}
+
+struct Rows {
+  std::vector<double> ptrace_read, socket_read, ptrace_epoll, socket_epoll;
+  std::vector<double> re_ptrace, re_warm, re_cold;
+  std::vector<double> loop[3][2], life[3][2];  // [cpu, sys, pipe][plain, opted]
+};
+
+void print_rows(const Rows& r, int rounds) {
+  auto row = [](const char* name, const std::vector<double>& v) {
+    std::printf("  %-44s %10.0f us  (n=%zu)\n", name, median(v), v.size());
+  };
+  std::printf("remora-bench-channel: %d rounds, medians\n", rounds);
+  std::printf("first attach into a fresh opted-in process (hook tool):\n");
+  row("ptrace, main thread in read", r.ptrace_read);
+  row("socket, main thread in read", r.socket_read);
+  row("ptrace, main thread in epoll_wait", r.ptrace_epoll);
+  row("socket, main thread in epoll_wait (re-issued)", r.socket_epoll);
+  std::printf("  socket/ptrace: read %.2fx, epoll %.2fx\n", median(r.socket_read) / median(r.ptrace_read),
+              median(r.socket_epoll) / median(r.ptrace_epoll));
+  std::printf("re-attach (attach + detach) on one process:\n");
+  row("ptrace", r.re_ptrace);
+  row("socket, channel thread up (warm)", r.re_warm);
+  row("socket, after it left (cold: a wake each)", r.re_cold);
+  std::printf("  socket/ptrace: warm %.2fx, cold %.2fx\n", median(r.re_warm) / median(r.re_ptrace),
+              median(r.re_cold) / median(r.re_ptrace));
+  std::printf("idle overhead, opted in and not attached, against no agent:\n");
+  const char* kinds[3] = {"CPU-bound (LCG, 2e8 steps)", "getppid x 2e6", "pipe write+read x 3e5"};
+  for (int k = 0; k < 3; ++k) {
+    std::printf("  %-28s loop %9.0f vs %9.0f us (%.3fx); process life %8.0f vs %8.0f us (%+.0f us)\n", kinds[k],
+                median(r.loop[k][1]), median(r.loop[k][0]), median(r.loop[k][1]) / median(r.loop[k][0]),
+                median(r.life[k][1]), median(r.life[k][0]), median(r.life[k][1]) - median(r.life[k][0]));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--target") == 0)
+    return target_main(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
+  if (argc == 5 && std::strcmp(argv[1], "--work") == 0)
+    return work_main(argv[2], std::atol(argv[3]), std::atoi(argv[4]));
+  if (argc < 3) die("usage: remora-bench-channel AGENT TOOL [ROUNDS]");
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) die("readlink /proc/self/exe");
+  self[n] = '\0';
+  g_self = self;
+  g_agent = argv[1];
+  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 11;
+  AttachOptions opts;
+  opts.agent_path = argv[1];
+  opts.tools = {argv[2]};
+  opts.lease = true;
+  const long counts[3] = {200000000, 2000000, 300000};
+  const char* kinds[3] = {"cpu", "sys", "pipe"};
+  Rows r;
+  for (int i = 0; i < rounds; ++i) {
+    r.ptrace_read.push_back(first_attach(opts, Channel::kPtrace, "read"));
+    r.socket_read.push_back(first_attach(opts, Channel::kSocket, "read"));
+    r.ptrace_epoll.push_back(first_attach(opts, Channel::kPtrace, "epoll"));
+    r.socket_epoll.push_back(first_attach(opts, Channel::kSocket, "epoll"));
+    reattach(opts, Channel::kPtrace, 5, 0, &r.re_ptrace);
+    reattach(opts, Channel::kSocket, 5, 0, &r.re_warm);
+    if (i < 5) reattach(opts, Channel::kSocket, 2, 600, &r.re_cold);  // 0.6 s each: fewer samples
+    for (int k = 0; k < 3; ++k)
+      for (int opted = 0; opted < 2; ++opted) {
+        auto [loop, life] = work(kinds[k], counts[k], opted != 0);
+        r.loop[k][opted].push_back(loop);
+        r.life[k][opted].push_back(life);
+      }
+  }
+  print_rows(r, rounds);
+  return 0;
+}
