@@ -29,6 +29,7 @@
 #include <sys/syscall.h>
 #include <sys/ucontext.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent/channel.h"
@@ -156,15 +157,58 @@ int choose_signal() {
   return 0;
 }
 
-// Binds "\0remora-agent.<pid>.<signo>" and listens (no thread).
+// Text without libc's formatting (which is not async-signal-safe): the
+// handler and the fork child use these. Each returns the new end, never
+// past `end` (which stays for a NUL).
+char* put_str(char* p, char* end, const char* s) {
+  while (*s != '\0' && p < end) *p++ = *s++;
+  return p;
+}
+char* put_uint(char* p, char* end, unsigned long v) {
+  char digits[24];
+  int n = 0;
+  do digits[n++] = static_cast<char>('0' + v % 10);
+  while ((v /= 10) != 0);
+  while (n > 0 && p < end) *p++ = digits[--n];
+  return p;
+}
+unsigned long parse_uint(const char* s, int base) {
+  unsigned long v = 0;
+  for (;; ++s) {
+    int d;
+    if (*s >= '0' && *s <= '9')
+      d = *s - '0';
+    else if (base == 16 && *s >= 'a' && *s <= 'f')
+      d = *s - 'a' + 10;
+    else
+      return v;
+    v = v * static_cast<unsigned long>(base) + static_cast<unsigned long>(d);
+  }
+}
+// "/proc/self/task/<tid>/<leaf>"
+void task_path(char* out, size_t size, pid_t tid, const char* leaf) {
+  char* end = out + size - 1;
+  char* p = put_str(out, end, "/proc/self/task/");
+  p = put_uint(p, end, static_cast<unsigned long>(tid));
+  p = put_str(p, end, "/");
+  p = put_str(p, end, leaf);
+  *p = '\0';
+}
+
+// Binds "\0remora-agent.<pid>.<signo>" and listens (no thread). Runs in a
+// fork's child too: no libc formatting.
 int bind_socket(int signo) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const int n = snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, REMORA_CHANNEL_NAME_PREFIX "%d.%d",
-                         static_cast<int>(getpid()), signo);
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  char* const start = addr.sun_path + 1;
+  char* const end = addr.sun_path + sizeof addr.sun_path - 1;
+  char* p = put_str(start, end, REMORA_CHANNEL_NAME_PREFIX);
+  p = put_uint(p, end, static_cast<unsigned long>(getpid()));
+  p = put_str(p, end, ".");
+  p = put_uint(p, end, static_cast<unsigned long>(signo));
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + (p - start));
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 16) != 0) {
     close(fd);
     return -1;
@@ -203,13 +247,16 @@ int read_small(const char* path, char* buf, int size) {
 }
 
 // Does thread `tid` block our signal (its SigBlk)?
-bool blocks_signal(const char* dir) {
+bool blocks_signal(pid_t tid) {
   char path[64], buf[2048];
-  snprintf(path, sizeof path, "%s/status", dir);
-  if (read_small(path, buf, sizeof buf) < 0) return true;
-  const char* p = strstr(buf, "SigBlk:");
+  task_path(path, sizeof path, tid, "status");
+  const int len = read_small(path, buf, sizeof buf);
+  if (len < 0) return true;
+  const char* p = static_cast<const char*>(memmem(buf, static_cast<size_t>(len), "SigBlk:", 7));
   if (p == nullptr) return true;
-  const unsigned long long mask = strtoull(p + 7, nullptr, 16);
+  p += 7;
+  while (*p == '\t' || *p == ' ') ++p;
+  const unsigned long mask = parse_uint(p, 16);
   return ((mask >> (g_signo - 1)) & 1) != 0;
 }
 
@@ -229,11 +276,10 @@ bool forward_wake(pid_t self) {
     for (long off = 0; off < n && chosen == 0;) {
       const auto* d = reinterpret_cast<const dirent64*>(ents + off);
       off += d->d_reclen;
-      const pid_t tid = static_cast<pid_t>(atoi(d->d_name));
+      const pid_t tid = static_cast<pid_t>(parse_uint(d->d_name, 10));
       if (tid <= 0 || tid == self) continue;
-      char dir[48], path[64], line[256];
-      snprintf(dir, sizeof dir, "/proc/self/task/%d", static_cast<int>(tid));
-      snprintf(path, sizeof path, "%s/syscall", dir);
+      char path[64], line[256];
+      task_path(path, sizeof path, tid, "syscall");
       const int len = read_small(path, line, sizeof line);
       if (len <= 0) continue;
       const w::SyscallLine sc = w::parse_syscall_line(line, len);
@@ -244,7 +290,7 @@ bool forward_wake(pid_t self) {
       constexpr w::Arch kArch = w::Arch::kAarch64;
 #endif
       const bool good = !sc.running && w::restartable_wait(kArch, sc.nr, static_cast<long>(sc.args[1]), sc.args[3]);
-      if ((good || (sc.running && running == 0)) && !blocks_signal(dir)) {
+      if ((good || (sc.running && running == 0)) && !blocks_signal(tid)) {
         if (good)
           chosen = tid;
         else
@@ -368,12 +414,35 @@ void reply_error(Reply* out, int result, const char* fmt, ...) {
   va_end(ap);
 }
 
-// Reads exactly `size` bytes (a deadline per connection: SO_RCVTIMEO).
+// The request's deadline (CLOCK_MONOTONIC, ms): a client has
+// kRequestTimeoutMs for all of it, however it trickles in.
+uint64_t g_request_deadline = 0;
+
+uint64_t now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000u + static_cast<uint64_t>(ts.tv_nsec) / 1000000u;
+}
+
+// Waits for bytes until the request's deadline.
+bool readable_in_time(int fd) {
+  for (;;) {
+    const uint64_t now = now_ms();
+    if (now >= g_request_deadline) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int n = poll(&p, 1, static_cast<int>(g_request_deadline - now));
+    if (n > 0) return true;
+    if (n == 0 || errno != EINTR) return false;
+  }
+}
+
+// Reads exactly `size` bytes before the request's deadline.
 bool read_exact(int fd, void* buf, size_t size) {
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
-    const ssize_t n = recv(fd, p, size, 0);
-    if (n < 0 && errno == EINTR) continue;
+    if (!readable_in_time(fd)) return false;
+    const ssize_t n = recv(fd, p, size, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return false;
     p += n;
     size -= static_cast<size_t>(n);
@@ -390,9 +459,11 @@ bool read_head(int conn, Request* req, Reply* out) {
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
+  ssize_t n = -1;
+  while (readable_in_time(conn)) {
+    n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n >= 0 || (errno != EINTR && errno != EAGAIN)) break;
+  }
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -590,8 +661,8 @@ void serve(int conn) {
   memset(&out, 0, sizeof out);
   ucred cred{};
   socklen_t cred_len = sizeof cred;
+  g_request_deadline = now_ms() + kRequestTimeoutMs;
   timeval tv{kRequestTimeoutMs / 1000, (kRequestTimeoutMs % 1000) * 1000};
-  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) return;
   if (!uid_allowed(cred.uid)) {
@@ -606,7 +677,10 @@ void serve(int conn) {
                 static_cast<unsigned>(cred.uid), static_cast<int>(getpid()), static_cast<unsigned>(getuid()),
                 g_allowed_count ? " and REMORA_ATTACH_UIDS=" : "", allowed, static_cast<unsigned>(cred.uid));
   } else if (read_request(conn, &req, &out)) {
-    run_request(&req, cred.pid, &out);
+    // The lease's holder as this process names it; a controller in a pid
+    // namespace it cannot see (the host's, for a container) is named by
+    // the pid it gave.
+    run_request(&req, cred.pid != 0 ? cred.pid : req.head.controller_pid, &out);
   }
   fill_reply(&out, cred.uid);
   const char* p = reinterpret_cast<const char*>(&out.r);
