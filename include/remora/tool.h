@@ -22,7 +22,11 @@
  *
  * Threads. Every callback except tool_fini runs on the agent's listener
  * thread "remora-listen", one callback at a time (the agent serialises
- * attach and detach). That thread blocks every signal and holds no lock of
+ * attach and detach); in a process attached through its socket channel
+ * (a process that opted in at launch, where ptrace is refused) on the
+ * agent's "remora-channel" thread instead, which may be another thread for
+ * each call (it leaves when idle), and a lease-forced detach on the lease
+ * watcher "remora-lease" (over ptrace as well). Each blocks every signal and holds no lock of
  * the application or of libc when it calls the tool, so a callback may
  * allocate, take locks, create threads, install signal handlers, open files
  * and dlopen. It must return: the controller waits for it (with a deadline,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import select
+import subprocess
+import sys
 import threading
 import time
 
@@ -279,13 +282,13 @@ def test_rocattach_library(library, rocattach_library, hook_tool, hook_log, make
 _OPTIONS = (
     "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, "
     "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
-    "forward_environment: 'bool' = True, unload: 'bool' = False"
+    "forward_environment: 'bool' = True, unload: 'bool' = False, channel: 'str' = 'auto'"
 )
 _SIGNATURES = {
     "attach": "(pid: 'int', attach_tool_library: 'Tools' = None, attach_duration_msec: 'float | None' = None, "
     "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, *, "
     "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
-    "forward_environment: 'bool' = True, unload: 'bool' = False, "
+    "forward_environment: 'bool' = True, unload: 'bool' = False, channel: 'str' = 'auto', "
     "on_attached: 'Callable[[Session], None] | None' = None) -> 'str'",
     "attached": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS}) -> 'Session'",
     "Session": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS})",
@@ -326,3 +329,51 @@ def test_attach_takes_attach_library_and_attach_children_by_position(library, ro
         remora.attach(pid, hook_tool, 0, rocattach_library, False, {"REMORA_X": "1"})
     assert e.value.api == "rocattach"
     assert e.value.name == "ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND"
+
+
+def _opted_in_target(library, tmp_path):
+    """A process that opted in to the socket channel at launch (the agent
+    preloaded, REMORA_TOOL_ATTACH=1), blocked on stdin, ready when returned."""
+    agent = os.path.join(os.path.dirname(library), "libremora-agent.so")
+    env = dict(os.environ, LD_PRELOAD=agent, REMORA_TOOL_ATTACH="1")
+    code = "import os, sys; print(os.getpid(), flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    ready, _, _ = select.select([proc.stdout], [], [], 20)
+    assert ready, "the opted-in target did not start within 20 s"
+    pid = int(proc.stdout.readline())
+    return proc, pid
+
+
+def test_socket_channel_attach_status_detach(library, hook_tool, hook_log, tmp_path):
+    proc, pid = _opted_in_target(library, tmp_path)
+    try:
+        with remora.attached(pid, hook_tool, attach_children=False, env=log_env(hook_log), channel="socket"):
+            st = remora.status(pid)
+            assert st.attached and st.session_channel == "socket"
+            assert hook_log.pids("tool_attach") == {pid}
+        st = remora.status(pid)
+        assert not st.attached and st.detaches == 1
+        assert hook_log.pids("tool_detach") == {pid}
+        # Through ptrace the same process reports a ptrace session.
+        remora.attach(pid, hook_tool, 0, attach_children=False, env=log_env(hook_log), channel="ptrace")
+        assert remora.status(pid).session_channel == "ptrace"
+        assert proc.poll() is None, "the target must keep running"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def test_socket_channel_refusals(library, hook_tool, make_target):
+    target = make_target(0)  # did not opt in
+    with pytest.raises(remora.RemoraError) as e:
+        remora.attach(target.pid, hook_tool, 0, attach_children=False, channel="socket")
+    assert e.value.name == "REMORA_STATUS_NOT_SUPPORTED"
+    assert "remora run --listen" in str(e.value)
+    with pytest.raises(remora.RemoraError) as e:
+        remora.attach(target.pid, hook_tool, 0, attach_children=False, channel="carrier pigeon")
+    assert e.value.name == "REMORA_STATUS_INVALID_ARGUMENT"
+    with pytest.raises(remora.RemoraError) as e:
+        remora.attach(target.pid, hook_tool, 0, attach_children=True, channel="socket")
+    assert e.value.name in ("REMORA_STATUS_INVALID_ARGUMENT", "REMORA_STATUS_NOT_SUPPORTED")
