@@ -3,7 +3,7 @@
 // made fail with EINTR is turned back into the same wait. Pure functions of
 // register values and code bytes, shared by the agent (which reads them from
 // its signal handler's ucontext) and by their table tests
-// (tests/channel/wake_rules_test.cc), which cover both architectures on
+// (src/attach/channel_test.cc), which cover both architectures on
 // any host. Header-only, no libc: the agent calls it in a signal handler.
 //
 // Why it matters (docs/architecture.md, "The socket channel"): a signal

@@ -157,6 +157,10 @@ Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const Attach
   // opted in.
   if (!r && opts.channel == Channel::kAuto && r.error().code() == Errc::kPtraceDenied) {
     if (auto ep = channel::find_endpoint(pid); ep && *ep) return attach_socket(pid, opts);
+    Error hinted(Errc::kPtraceDenied, r.error().message() + "; or, " + channel::how_to_opt_in(),
+                 r.error().sys_errno());
+    for (const std::string& c : r.error().context()) hinted.with_context(c);
+    return hinted;
   }
   // Whatever step failed, a process that is gone is reported as such: the
   // failing step (a read, a lookup) is only the symptom.

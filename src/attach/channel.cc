@@ -178,7 +178,8 @@ Result<void> wake(pid_t pid, int signo, bool* sent) {
     const int err = errno;
     if (err == ESRCH) return ok();  // that thread ended; the next round picks another
     return Error(Errc::kRefused,
-                 "cannot send the wake signal to process " + std::to_string(pid) + " (" + std::strerror(err) +
+                 "uid " + std::to_string(::geteuid()) + " cannot send the wake signal to process " +
+                     std::to_string(pid) + " (" + std::strerror(err) +
                      "): its socket channel is woken by a signal, which only its own uid, root or CAP_KILL may "
                      "send; run remora as the process's uid or as root",
                  err);
@@ -307,7 +308,15 @@ Result<remora_channel_reply> call(pid_t pid, const Endpoint& ep, const Request& 
                      ": " + std::strerror(err) + ")",
                  err);
   }
-  REMORA_TRY(send_request(sock.get(), req));
+  if (auto s = send_request(sock.get(), req); !s) {
+    // The agent may have answered before it read the request (a uid it
+    // refuses) and closed: its reply is still there to read.
+    const int err = s.error().sys_errno();
+    if (err == EPIPE || err == ECONNRESET)
+      if (auto early = read_reply(sock.get(), pid, ep.signo, Deadline::after(std::chrono::milliseconds(500))))
+        return early;
+    return std::move(s).error();
+  }
   bool sent = false;
   REMORA_TRY(wake(pid, ep.signo, &sent));
   return read_reply(sock.get(), pid, ep.signo, deadline);
