@@ -406,14 +406,10 @@ def test_seccomp_denied_not_opted_in_hint(tmp):
                           "-e", "REMORA_HOOK_LOG=" + log, prefix=[ARGS.no_ptrace], cwd=tmp)
     check(rc == PTRACE_DENIED_EXIT and "seccomp filter" in err,
           "a process that did not opt in: the ptrace error (exit 3, the filter named)", show(rc, out, err))
-    # Implementation bug (see the report): the seize refused under the
-    # filter (Controller::attach_one, src/attach/attach.cc) returns the
-    # ptrace error without channel::how_to_opt_in(); only a refusal that
-    # the pre-check sees (resolve_channel) gets it.
+    # The seize is refused after the pre-check passed (the filter is ours):
+    # Controller::attach_one adds the way in without ptrace all the same.
     check("remora run --listen" in err,
-          "... and the hint to start it with `remora run --listen` [KNOWN BUG: Controller::attach_one returns a "
-          "seize refused under a seccomp filter without channel::how_to_opt_in(); resolve_channel adds it only "
-          "for refusals its pre-check sees]", show(rc, out, err))
+          "... and the hint to start it with `remora run --listen`", show(rc, out, err))
     plain.finish()
 
 
@@ -502,12 +498,8 @@ def test_other_uid_refused_while_the_channel_thread_runs(tmp):
         running += channel_thread_runs(t.pid)
         rc, out, err = remora("attach", "-p", t.pid, "--channel", "socket", "-d", 500, "-t", ARGS.hook_tool,
                               prefix=prefix, cwd=tmp)
-        if rc != 0 and "Broken pipe" in err:
-            # Implementation bug (see the report).
-            raise Failure("attempt %d: KNOWN BUG: the agent refuses a peer before it reads its request, and "
-                          "closes; remora's send of the request then fails (EPIPE) and channel::call "
-                          "(src/attach/channel.cc) reports that instead of reading the refusal already "
-                          "waiting for it\n%s" % (i + 1, show(rc, out, err)))
+        # The agent refuses before it reads the request and closes: remora's
+        # send may then fail (EPIPE), and the refusal waiting is read anyway.
         check(rc != 0 and "uid %d may not attach" % uid in err and "REMORA_ATTACH_UIDS=%d" % uid in err,
               "attempt %d: uid %d is refused by the agent, naming the uid and REMORA_ATTACH_UIDS" % (i + 1, uid),
               show(rc, out, err))
