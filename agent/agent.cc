@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "agent/channel.h"
+#include "agent/internal.h"
 #include "agent/protocol.h"
 #include "remora/tool.h"
 
@@ -54,7 +55,7 @@ __attribute__((visibility("default"),
                aligned(64))) unsigned char remora_agent_scratch[REMORA_AGENT_SCRATCH_SIZE];
 }
 
-namespace {
+namespace remora_agent {
 
 constexpr int kMaxTools = 16;
 constexpr int kMaxEnv = 64;
@@ -120,35 +121,13 @@ bool g_listener_busy = false;
 // of a remora_agent_loader_attach.
 pthread_mutex_t g_fork_register_lock = PTHREAD_MUTEX_INITIALIZER;
 
-// Lease: a pipe whose only write end the controller holds. EOF (POLLHUP)
-// means the controller is gone.
-int g_lease_fd = -1;
-int g_lease_wake = -1;  // eventfd to stop the watcher
-pthread_t g_lease_thread;
-bool g_lease_running = false;
-bool g_lease_stopping = false;  // a disarm is joining the watcher
-// An expired watcher does not detach itself: it is joined by the next arm or
-// by an unload, so that no thread can still be on its way out of the
-// agent's code when the agent's mapping goes.
-bool g_lease_unjoined = false;
-
-// A thread of the agent runs on a stack the agent maps itself and unmaps
-// once the thread is gone: glibc would keep a stack of its own allocation in
-// its stack cache for good, one more mapping after an unload.
-struct OwnStack {
-  void* base = nullptr;
-};
-constexpr size_t kStackSize = 256 * 1024;
 OwnStack g_listener_stack;
-OwnStack g_lease_stack;
 
-bool start_thread(pthread_t* thread, void* (*fn)(void*), OwnStack* stack);
 void free_stack(OwnStack* stack) {
   if (stack->base != nullptr) munmap(stack->base, kStackSize);
   stack->base = nullptr;
 }
 
-void set_message(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void set_message(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -383,97 +362,6 @@ void at_exit() {
   pthread_mutex_unlock(&g_lock);
 }
 
-// ---- lease ----
-
-void close_lease_locked() {
-  g_lease_running = false;
-  close(g_lease_wake);
-  close(g_lease_fd);
-  g_lease_wake = g_lease_fd = -1;
-  remora_agent_info.lease_pid = 0;
-}
-
-// Joins an expired watcher (it has released g_lock and only returns).
-void join_expired_watcher_locked() {
-  if (!g_lease_unjoined) return;
-  pthread_join(g_lease_thread, nullptr);
-  free_stack(&g_lease_stack);
-  g_lease_unjoined = false;
-}
-
-void stop_lease_locked() {
-  join_expired_watcher_locked();
-  if (!g_lease_running) return;
-  g_lease_stopping = true;
-  uint64_t one = 1;
-  (void)!write(g_lease_wake, &one, sizeof one);
-  pthread_mutex_unlock(&g_lock);
-  pthread_join(g_lease_thread, nullptr);
-  free_stack(&g_lease_stack);
-  pthread_mutex_lock(&g_lock);
-  g_lease_stopping = false;
-  close_lease_locked();
-}
-
-void* lease_main(void*) {
-  // Named apart from the thread that armed it (a new thread takes its
-  // creator's name: the listener's, or the socket channel's, whose name
-  // a controller looks for).
-  pthread_setname_np(pthread_self(), "remora-lease");
-  pollfd fds[2] = {{g_lease_fd, POLLIN, 0}, {g_lease_wake, POLLIN, 0}};
-  for (;;) {
-    int n = poll(fds, 2, -1);
-    if (n < 0) continue;                 // EINTR cannot happen (signals blocked), but be safe
-    if (fds[1].revents) return nullptr;  // disarmed
-    if (fds[0].revents) break;           // EOF: the controller is gone
-  }
-  pthread_mutex_lock(&g_lock);
-  if (g_lease_stopping) {
-    // A detach is disarming the lease at this very moment: it joins this
-    // thread and closes the lease.
-    pthread_mutex_unlock(&g_lock);
-    return nullptr;
-  }
-  const bool forced = remora_agent_info.attached;
-  if (forced) detach_all_locked();
-  // Expired: nobody will disarm this lease, so it closes itself and the
-  // watcher goes (no fd and no thread of ours stays in the process); it is
-  // joined later (join_expired_watcher_locked). Closed before it says it
-  // expired: a controller reading the block without our lock (remora
-  // status) that sees `lease_expired` sees no lease holder any more.
-  close_lease_locked();
-  if (forced) __atomic_store_n(&remora_agent_info.lease_expired, 1, __ATOMIC_RELEASE);
-  g_lease_unjoined = true;
-  pthread_mutex_unlock(&g_lock);
-  return nullptr;
-}
-
-// Is the armed lease's controller still there? Its write end closed shows
-// as POLLHUP at once, before the watcher (which needs g_lock) has acted.
-bool lease_live_locked() {
-  if (!g_lease_running) return false;
-  pollfd p = {g_lease_fd, POLLIN, 0};
-  return poll(&p, 1, 0) == 0;
-}
-
-// Arms a lease on `read_fd` (owned from here on: closed on failure).
-int arm_lease_locked(int32_t read_fd, int32_t controller_pid) {
-  join_expired_watcher_locked();
-  g_lease_fd = read_fd;
-  g_lease_wake = eventfd(0, EFD_CLOEXEC);
-  if (g_lease_wake < 0 || !start_thread(&g_lease_thread, lease_main, &g_lease_stack)) {
-    set_message("cannot start the lease watcher (out of threads or descriptors?)");
-    if (g_lease_wake >= 0) close(g_lease_wake);
-    close(g_lease_fd);
-    g_lease_fd = g_lease_wake = -1;
-    return REMORA_AGENT_ERR_LEASE;
-  }
-  g_lease_running = true;
-  remora_agent_info.lease_pid = controller_pid;
-  remora_agent_info.lease_expired = 0;
-  return REMORA_AGENT_OK;
-}
-
 // ---- listener ----
 
 uint64_t monotonic_ms() {
@@ -673,33 +561,6 @@ void register_fork_lock() {
   pthread_mutex_unlock(&g_fork_register_lock);
 }
 
-// The child keeps its parent's session (REMORA_AGENT_FEATURE_FORK_LEASE):
-// its tools stay attached, and a lease it inherited is armed again here,
-// on its own copy of the pipe's read end, with a watcher of its own (the
-// parent's did not come along). Returns the controller of that lease, 0
-// when there is none to inherit.
-int32_t inherit_lease_in_child() {
-  const bool inherit = remora_agent_info.attached && g_lease_running && !g_lease_stopping && g_lease_fd >= 0;
-  const int32_t controller = inherit ? remora_agent_info.lease_pid : 0;
-  // Our copies of the parent's descriptors: the watcher's eventfd always
-  // goes, the read end unless the child keeps watching it.
-  if (g_lease_wake >= 0) close(g_lease_wake);
-  if (!inherit && g_lease_fd >= 0) close(g_lease_fd);
-  const int read_fd = inherit ? g_lease_fd : -1;
-  g_lease_fd = g_lease_wake = -1;
-  g_lease_running = false;
-  g_lease_stopping = false;
-  g_lease_unjoined = false;  // the parent's watcher is no thread of the child
-  remora_agent_info.lease_pid = 0;
-  if (!inherit) return 0;
-  if (arm_lease_locked(read_fd, controller) != REMORA_AGENT_OK) {
-    // No watcher (out of threads): the tools stay attached until the
-    // controller, which sees lease_pid 0, arms a lease of its own.
-    return 0;
-  }
-  return controller;
-}
-
 void after_fork_child() {
   // Only the forking thread survives a fork: the child needs its own
   // listener. Our lock was taken for the fork (or held by the forking
@@ -732,7 +593,7 @@ void after_fork_child() {
     auto* b = static_cast<char*>(st.base);
     return b != nullptr && &here >= b && &here < b + kStackSize;
   };
-  if (!on(g_lease_stack)) free_stack(&g_lease_stack);
+  if (!on(lease_stack())) free_stack(&lease_stack());
   if (!on(g_listener_stack)) free_stack(&g_listener_stack);
   (void)inherit_lease_in_child();
   // A child that keeps an attached session gets its listener now (its
@@ -766,12 +627,14 @@ __attribute__((destructor)) void agent_fini() {
   if (!remora_agent_info.unloading) return;  // process exit: nothing to give back
   remora_agent::channel_fini();
   free_stack(&g_listener_stack);
-  free_stack(&g_lease_stack);
+  free_stack(&lease_stack());
 }
 
-}  // namespace
+}  // namespace remora_agent
 
-namespace {
+using namespace remora_agent;
+
+namespace remora_agent {
 
 // The attach proper, under g_lock: refusals, environment, tools.
 int attach_locked(const void* env_buffer, const char* tool_list) {
@@ -833,7 +696,7 @@ int attach_entry(const void* env_buffer, const char* tool_list) {
   return rc;
 }
 
-}  // namespace
+}  // namespace remora_agent
 
 REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
   if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
@@ -923,7 +786,7 @@ REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char*
     close(lease_fd);
     rc = attach_locked(env_buffer, tool_list);
   } else {
-    if (remora_agent_info.attached && g_lease_running) {
+    if (remora_agent_info.attached && lease_running_locked()) {
       // Its controller is gone and the watcher has not run yet: expire the
       // lease now, as the watcher would have.
       stop_lease_locked();
@@ -948,7 +811,7 @@ REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char*
   return rc;
 }
 
-namespace {
+namespace remora_agent {
 
 // Is the object that held `addr` (the tool's remora_configure) still
 // loaded? Asked of the loader itself rather than of /proc/self/maps: a
@@ -987,7 +850,7 @@ void dlclose_tools_locked() {
   update_tool_names();
 }
 
-}  // namespace
+}  // namespace remora_agent
 
 // See agent/protocol.h. Runs on the listener; the lock is taken for the
 // last time here (the watcher is joined, so nobody else ever takes it).
