@@ -289,7 +289,7 @@ bool forward_wake(pid_t self) {
 #else
       constexpr w::Arch kArch = w::Arch::kAarch64;
 #endif
-      const bool good = !sc.running && w::restartable_wait(kArch, sc.nr, static_cast<long>(sc.args[1]), sc.args[3]);
+      const bool good = !sc.running && w::restartable_wait(kArch, sc.nr, sc.args);
       if ((good || (sc.running && running == 0)) && !blocks_signal(tid)) {
         if (good)
           chosen = tid;
@@ -399,6 +399,7 @@ struct Request {
   char tools[REMORA_CHANNEL_TOOLS_MAX];
   char list[REMORA_CHANNEL_TOOLS_MAX];  // the tool list as dlopen names (fds as /proc/self/fd/N)
   bool lease_taken;                     // fds[0] is the agent's now
+  int fd_received;                      // every descriptor that came, those closed included
 };
 
 struct Reply {
@@ -470,6 +471,7 @@ bool read_head(int conn, Request* req, Reply* out) {
     for (size_t i = 0; i < count; ++i) {
       int fd;
       memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      ++req->fd_received;
       if (req->fd_count < static_cast<int>(REMORA_CHANNEL_FDS_MAX))
         req->fds[req->fd_count++] = fd;
       else
@@ -480,7 +482,7 @@ bool read_head(int conn, Request* req, Reply* out) {
     reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "no request came");
     return false;
   }
-  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 || req->fd_received > static_cast<int>(REMORA_CHANNEL_FDS_MAX)) {
     reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "more than %u descriptors sent", REMORA_CHANNEL_FDS_MAX);
     return false;
   }
@@ -538,7 +540,7 @@ bool build_list(Request* req, Reply* out) {
   size_t used = 0;
   const char* p = req->tools;
   const int first_tool_fd = (req->head.flags & REMORA_CHANNEL_FLAG_LEASE) != 0 ? 1 : 0;
-  for (int entry = 0; *p != '\0' || entry == 0; ++entry) {
+  for (int entry = 0;; ++entry) {
     const char* end = strchr(p, ':');
     const size_t len = end ? static_cast<size_t>(end - p) : strlen(p);
     const char* bar = static_cast<const char*>(memchr(p, '|', len));
@@ -549,9 +551,11 @@ bool build_list(Request* req, Reply* out) {
     char piece[1100];
     if (bar != nullptr && bar[1] == '#') {
       char* stop = nullptr;
-      const long k = strtol(bar + 2, &stop, 10);
-      const int index = first_tool_fd + static_cast<int>(k);
-      if (stop != p + len || k < 0 || index >= req->fd_count) {
+      const bool digit = bar[2] >= '0' && bar[2] <= '9';
+      const long k = digit ? strtol(bar + 2, &stop, 10) : -1;
+      const int index =
+          k >= 0 && k < static_cast<long>(REMORA_CHANNEL_FDS_MAX) ? first_tool_fd + static_cast<int>(k) : -1;
+      if (!digit || stop != p + len || index < 0 || index >= req->fd_count) {
         reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "tool list entry %d names descriptor %.16s, not sent",
                     entry, bar + 1);
         return false;
@@ -591,12 +595,12 @@ bool read_request(int conn, Request* req, Reply* out) {
     return false;
   }
   if (h.env_size > REMORA_CHANNEL_ENV_MAX || h.tools_size > REMORA_CHANNEL_TOOLS_MAX ||
-      h.fd_count != static_cast<uint32_t>(req->fd_count) || (h.flags & ~REMORA_CHANNEL_FLAG_LEASE) != 0) {
+      h.fd_count != static_cast<uint32_t>(req->fd_received) || (h.flags & ~REMORA_CHANNEL_FLAG_LEASE) != 0) {
     reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT,
                 "request sizes out of bounds (environment %u of %u, tools %u of %u, %u descriptors named, %d "
                 "sent, flags %#x)",
                 h.env_size, REMORA_CHANNEL_ENV_MAX, h.tools_size, REMORA_CHANNEL_TOOLS_MAX, h.fd_count,
-                req->fd_count, h.flags);
+                req->fd_received, h.flags);
     return false;
   }
   if (!read_exact(conn, req->env, h.env_size) || !read_exact(conn, req->tools, h.tools_size)) {
@@ -607,7 +611,7 @@ bool read_request(int conn, Request* req, Reply* out) {
   if ((h.flags & REMORA_CHANNEL_FLAG_LEASE) != 0) {
     struct stat st{};
     if (h.op != REMORA_CHANNEL_OP_ATTACH || req->fd_count < 1 || fstat(req->fds[0], &st) != 0 ||
-        !S_ISFIFO(st.st_mode)) {
+        !S_ISFIFO(st.st_mode) || (fcntl(req->fds[0], F_GETFL) & O_ACCMODE) != O_RDONLY) {
       reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "a lease must come as a pipe's read end with an attach");
       return false;
     }
@@ -657,6 +661,7 @@ void serve(int conn) {
   static Reply out;
   memset(&req.head, 0, sizeof req.head);
   req.fd_count = 0;
+  req.fd_received = 0;
   req.lease_taken = false;
   memset(&out, 0, sizeof out);
   ucred cred{};

@@ -51,16 +51,24 @@ inline constexpr const Numbers& numbers(Arch a) { return a == Arch::kX86_64 ? kX
 constexpr long kFutexWait = 0, kFutexWaitBitset = 9;
 constexpr long kTimerAbstime = 1;
 
+// glibc's lock word while a thread waits for the lock ("locked, with
+// waiters"): the value of a futex wait inside lll_lock. A thread waiting for
+// one glibc lock may hold another (fork locks every malloc arena in turn,
+// waiting for each), so such a wait is never taken for safe.
+constexpr uint64_t kGlibcLockWaitValue = 2;
+
 // A blocking call that the kernel restarts after a handler (SA_RESTART), and
 // that glibc never makes while it holds a lock pthread_create takes: the
-// thread may take the handler and start a thread from it. A futex wait only
-// without a timeout (with one it ends in -ERESTART_RESTARTBLOCK: EINTR).
-inline bool restartable_wait(Arch a, long nr, long futex_op, uint64_t futex_timeout) {
+// thread may take the handler and start a thread from it. `args`: the
+// call's six arguments. A futex wait only without a timeout (with one it
+// ends in -ERESTART_RESTARTBLOCK: EINTR) and not on a glibc lock word
+// (kGlibcLockWaitValue): condition variables, joins, semaphores.
+inline bool restartable_wait(Arch a, long nr, const uint64_t* args) {
   const Numbers& n = numbers(a);
   if (nr < 0) return false;
   if (nr == n.futex) {
-    const long cmd = futex_op & 0x7f;
-    return (cmd == kFutexWait || cmd == kFutexWaitBitset) && futex_timeout == 0;
+    const long cmd = static_cast<long>(args[1] & 0x7f);
+    return (cmd == kFutexWait || cmd == kFutexWaitBitset) && args[3] == 0 && args[2] != kGlibcLockWaitValue;
   }
   return nr == n.read || nr == n.readv || nr == n.recvfrom || nr == n.recvmsg || nr == n.accept ||
          nr == n.accept4 || nr == n.wait4 || nr == n.waitid;
@@ -82,11 +90,14 @@ inline bool repairable_wait(Arch a, long nr) {
 // data, and glibc makes none of them while it holds a lock pthread_create
 // takes (malloc's arenas and the stack cache are held around mmap,
 // munmap, mprotect, madvise and brk only). A thread busy in I/O is found
-// there more often than anywhere else.
+// there more often than anywhere else. Not a futex call: its arguments are
+// gone with the result, and fork's malloc unlocking wakes waiters while it
+// still holds arenas.
 inline bool safe_after_return(Arch a, long nr) {
   const Numbers& n = numbers(a);
-  if (nr < 0) return false;
-  return restartable_wait(a, nr, 0, 0) || repairable_wait(a, nr) || nr == n.write || nr == n.writev ||
+  if (nr < 0 || nr == n.futex) return false;
+  const uint64_t no_args[6] = {};
+  return restartable_wait(a, nr, no_args) || repairable_wait(a, nr) || nr == n.write || nr == n.writev ||
          nr == n.pread64 || nr == n.pwrite64 || nr == n.sendto || nr == n.sendmsg || nr == n.connect;
 }
 
@@ -163,7 +174,7 @@ inline Verdict judge(const Context& c, long* repair_nr) {
     // right before it: the same state, as safe.
     if (is_syscall_insn_x86(c.at)) {
       const long nr = static_cast<long>(c.nr_reg);
-      if (restartable_wait(c.arch, nr, static_cast<long>(c.args[1]), c.args[3])) return Verdict::kStartHere;
+      if (restartable_wait(c.arch, nr, c.args)) return Verdict::kStartHere;
       return Verdict::kForward;
     }
     if (is_syscall_insn_x86(c.before + 14)) {
@@ -188,7 +199,7 @@ inline Verdict judge(const Context& c, long* repair_nr) {
                       static_cast<uint32_t>(c.at[2]) << 16 | static_cast<uint32_t>(c.at[3]) << 24;
   if (is_svc_a64(at)) {
     const long nr = static_cast<long>(c.nr_reg);
-    if (restartable_wait(c.arch, nr, static_cast<long>(c.args[1]), c.args[3])) return Verdict::kStartHere;
+    if (restartable_wait(c.arch, nr, c.args)) return Verdict::kStartHere;
     return Verdict::kForward;
   }
   const uint32_t prev = static_cast<uint32_t>(c.before[12]) | static_cast<uint32_t>(c.before[13]) << 8 |

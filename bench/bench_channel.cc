@@ -10,7 +10,8 @@
 //   re-attach      attach + detach cycles on one process: ptrace, the
 //                  socket with its channel thread still up ("warm": the
 //                  cycles follow each other), and the socket after the
-//                  thread left ("cold": each attach needs a wake);
+//                  thread left ("cold": each attach needs a wake), against
+//                  ptrace after the same pause (an idle machine wakes slower);
 //   idle overhead  a fresh process running a CPU-bound loop and a
 //                  syscall-heavy loop (getppid, and write+read on a pipe),
 //                  without the agent and opted in with nobody attached: the
@@ -210,8 +211,8 @@ std::pair<double, double> work(const char* kind, long n, bool opted) {
 
 struct Rows {
   std::vector<double> ptrace_read, socket_read, ptrace_epoll, socket_epoll;
-  std::vector<double> re_ptrace, re_warm, re_cold;
-  std::vector<double> loop[3][2], life[3][2];  // [cpu, sys, pipe][plain, opted]
+  std::vector<double> re_ptrace, re_warm, re_cold, re_ptrace_paused;
+  std::vector<double> loop[3][3], life[3][3];  // [cpu, sys, pipe][plain, opted, plain again]
 };
 
 void print_rows(const Rows& r, int rounds) {
@@ -230,14 +231,17 @@ void print_rows(const Rows& r, int rounds) {
   row("ptrace", r.re_ptrace);
   row("socket, channel thread up (warm)", r.re_warm);
   row("socket, after it left (cold: a wake each)", r.re_cold);
-  std::printf("  socket/ptrace: warm %.2fx, cold %.2fx\n", median(r.re_warm) / median(r.re_ptrace),
-              median(r.re_cold) / median(r.re_ptrace));
-  std::printf("idle overhead, opted in and not attached, against no agent:\n");
+  row("ptrace, after the same 0.6 s pause", r.re_ptrace_paused);
+  std::printf("  socket/ptrace: warm %.2fx, cold %.2fx (against ptrace after the same pause)\n",
+              median(r.re_warm) / median(r.re_ptrace), median(r.re_cold) / median(r.re_ptrace_paused));
+  std::printf("idle overhead, opted in and not attached, against no agent (and no agent against itself,\n"
+              "a second sample each round: the noise):\n");
   const char* kinds[3] = {"CPU-bound (LCG, 2e8 steps)", "getppid x 2e6", "pipe write+read x 3e5"};
   for (int k = 0; k < 3; ++k) {
-    std::printf("  %-28s loop %9.0f vs %9.0f us (%.3fx); process life %8.0f vs %8.0f us (%+.0f us)\n", kinds[k],
-                median(r.loop[k][1]), median(r.loop[k][0]), median(r.loop[k][1]) / median(r.loop[k][0]),
-                median(r.life[k][1]), median(r.life[k][0]), median(r.life[k][1]) - median(r.life[k][0]));
+    const double plain = median(r.loop[k][0]), again = median(r.loop[k][2]);
+    std::printf("  %-28s loop %9.0f vs %9.0f us: %.3fx (noise %.3fx); process life %+.0f us (noise %+.0f us)\n",
+                kinds[k], median(r.loop[k][1]), plain, median(r.loop[k][1]) / plain, again / plain,
+                median(r.life[k][1]) - median(r.life[k][0]), median(r.life[k][2]) - median(r.life[k][0]));
   }
 }
 
@@ -270,10 +274,13 @@ int main(int argc, char** argv) {
     r.socket_epoll.push_back(first_attach(opts, Channel::kSocket, "epoll"));
     reattach(opts, Channel::kPtrace, 5, 0, &r.re_ptrace);
     reattach(opts, Channel::kSocket, 5, 0, &r.re_warm);
-    if (i < 5) reattach(opts, Channel::kSocket, 2, 600, &r.re_cold);  // 0.6 s each: fewer samples
+    if (i < 5) {  // 0.6 s each: fewer samples
+      reattach(opts, Channel::kSocket, 2, 600, &r.re_cold);
+      reattach(opts, Channel::kPtrace, 2, 600, &r.re_ptrace_paused);
+    }
     for (int k = 0; k < 3; ++k)
-      for (int opted = 0; opted < 2; ++opted) {
-        auto [loop, life] = work(kinds[k], counts[k], opted != 0);
+      for (int opted = 0; opted < 3; ++opted) {
+        auto [loop, life] = work(kinds[k], counts[k], opted == 1);
         r.loop[k][opted].push_back(loop);
         r.life[k][opted].push_back(life);
       }

@@ -247,11 +247,12 @@ std::optional<Endpoint> parse_endpoint(std::string_view path, pid_t nspid) {
   return Endpoint{std::string(path), p, sig};
 }
 
-Result<std::optional<Endpoint>> find_endpoint(pid_t pid) {
+Result<std::vector<Endpoint>> find_endpoints(pid_t pid) {
   const pid_t nspid = REMORA_TRY(own_view_pid(pid));
+  std::vector<Endpoint> out;
   auto table = procfs::read_text("/proc/" + std::to_string(pid) + "/net/unix");
   if (!table) table = procfs::read_text("/proc/self/net/unix");
-  if (!table) return std::optional<Endpoint>();
+  if (!table) return out;
   std::string_view all = *table;
   for (size_t at = 0; at < all.size();) {
     const size_t end = std::min(all.find('\n', at), all.size());
@@ -259,9 +260,19 @@ Result<std::optional<Endpoint>> find_endpoint(pid_t pid) {
     at = end + 1;
     const size_t sp = line.rfind(' ');
     if (sp == std::string_view::npos) continue;
-    if (auto ep = parse_endpoint(line.substr(sp + 1), nspid)) return ep;
+    auto ep = parse_endpoint(line.substr(sp + 1), nspid);
+    if (!ep) continue;
+    bool seen = false;  // a listening socket and its connections share the name
+    for (const Endpoint& e : out) seen = seen || e.name == ep->name;
+    if (!seen) out.push_back(*ep);
   }
-  return std::optional<Endpoint>();
+  return out;
+}
+
+Result<std::optional<Endpoint>> find_endpoint(pid_t pid) {
+  auto all = REMORA_TRY(find_endpoints(pid));
+  if (all.empty()) return std::optional<Endpoint>();
+  return std::optional<Endpoint>(all.front());
 }
 
 pid_t choose_wake_thread(std::span<const ThreadView> threads, bool x86) {
@@ -275,7 +286,7 @@ pid_t choose_wake_thread(std::span<const ThreadView> threads, bool x86) {
       case 'R': score = 4; break;
       case 'S':
         if (t.syscall_known && !t.running &&
-            remora_wake::restartable_wait(arch, t.nr, static_cast<long>(t.args[1]), t.args[3]))
+            remora_wake::restartable_wait(arch, t.nr, t.args))
           score = 5;
         else if (t.syscall_known)
           score = 1;  // a wait that EINTR would cut short: the agent repairs it where it can
@@ -292,14 +303,21 @@ pid_t choose_wake_thread(std::span<const ThreadView> threads, bool x86) {
   return best;
 }
 
-Result<remora_channel_reply> call(pid_t pid, const Endpoint& ep, const Request& req, Deadline deadline) {
+namespace {
+
+// A connection to `ep` in `pid`'s network namespace whose listener is
+// process `pid` itself (SO_PEERCRED, which the kernel gives in our pid
+// namespace): an abstract name can be bound by anyone, and a socket that
+// only carries the name must get neither the request nor the wake (its
+// signal number is the impostor's choice, and would be sent to `pid`).
+Result<UniqueFd> connect_to(pid_t pid, const Endpoint& ep, Deadline deadline) {
   UniqueFd sock = REMORA_TRY(socket_in_netns_of(pid));
   const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline.remaining());
   timeval tv{static_cast<time_t>(left.count() / 1000000), static_cast<suseconds_t>(left.count() % 1000000)};
   ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path + 1, ep.name.data(), std::min(ep.name.size(), sizeof addr.sun_path - 1));
+  std::memcpy(addr.sun_path + 1, ep.name.data(), std::min(ep.name.size(), sizeof addr.sun_path - 2));
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + ep.name.size());
   if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     const int err = errno;
@@ -308,6 +326,37 @@ Result<remora_channel_reply> call(pid_t pid, const Endpoint& ep, const Request& 
                      ": " + std::strerror(err) + ")",
                  err);
   }
+  ucred cred{};
+  socklen_t cred_len = sizeof cred;
+  if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0)
+    return Error::from_errno("read the peer of @" + ep.name, errno);
+  if (cred.pid != pid)
+    return Error(Errc::kRefused, "the socket @" + ep.name + " is not process " + std::to_string(pid) +
+                                     "'s: process " + std::to_string(cred.pid) +
+                                     " listens on it (it took the name); nothing was sent to either");
+  return sock;
+}
+
+}  // namespace
+
+Result<remora_channel_reply> call(pid_t pid, const Endpoint& given, const Request& req, Deadline deadline) {
+  // The endpoint found first, or, when another process holds that name,
+  // another one the process listens on (its own, bound before or after).
+  Endpoint ep = given;
+  auto connected = connect_to(pid, ep, deadline);
+  if (!connected && connected.error().code() == Errc::kRefused) {
+    auto others = find_endpoints(pid);
+    for (const Endpoint& other : others ? *others : std::vector<Endpoint>{}) {
+      if (other.name == given.name) continue;
+      if (auto c = connect_to(pid, other, deadline)) {
+        ep = other;
+        connected = std::move(c);
+        break;
+      }
+    }
+  }
+  if (!connected) return std::move(connected).error();
+  UniqueFd sock = std::move(*connected);
   if (auto s = send_request(sock.get(), req); !s) {
     // The agent may have answered before it read the request (a uid it
     // refuses) and closed: its reply is still there to read.

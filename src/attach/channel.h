@@ -31,9 +31,13 @@ struct Endpoint {
 // `nspid`; nullopt when it is not that process's endpoint.
 std::optional<Endpoint> parse_endpoint(std::string_view path, pid_t nspid);
 
-// Finds process `pid`'s endpoint (its NSpid's last entry names it, listed in
-// /proc/PID/net/unix, or ours when that is unreadable). nullopt: the process
-// did not opt in (or its agent could not bind).
+// Finds process `pid`'s endpoints (its NSpid's last entry names them,
+// listed in /proc/PID/net/unix, or ours when that is unreadable): empty
+// when the process did not opt in (or its agent could not bind). A name
+// proves nothing (anyone may bind an abstract name): call() connects only
+// to one whose listener is `pid` itself.
+Result<std::vector<Endpoint>> find_endpoints(pid_t pid);
+// The first of them; nullopt: none.
 Result<std::optional<Endpoint>> find_endpoint(pid_t pid);
 
 // One thread as the wake's choice sees it (from /proc/PID/task/TID: stat
@@ -70,8 +74,10 @@ struct Request {
 };
 
 // Connects to the endpoint (from within the process's network namespace
-// when it is not ours), sends the request, wakes the agent when its channel
-// thread is not running, and returns the agent's reply.
+// when it is not ours; another of the process's endpoints when another
+// process listens on that name: kRefused when none is the process's own),
+// sends the request, wakes the agent when its channel thread is not
+// running, and returns the agent's reply.
 Result<remora_channel_reply> call(pid_t pid, const Endpoint& ep, const Request& req, Deadline deadline);
 
 // The error a ptrace refusal becomes when the process has no channel: the

@@ -27,6 +27,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -682,6 +683,67 @@ def test_direct_wakes_every_wait_interruptible(tmp):
     """g. The same where every thread waits in a call that a handler makes
     fail (epoll_wait, nanosleep, poll)."""
     direct_wakes(tmp, ["--eintr-waits-only"])
+
+
+def impostor(name):
+    """A listening socket of ours bound to the abstract `name` (anyone may
+    bind an abstract name): remora must neither send it a request nor send
+    the signal its name carries to the target."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind("\0" + name)
+    s.listen(8)
+    s.setblocking(False)
+    return s
+
+
+def impostor_got_nothing(s):
+    """No connection reached the impostor, or none that sent a byte."""
+    try:
+        while True:
+            conn, _ = s.accept()
+            conn.setblocking(False)
+            try:
+                if conn.recv(1):
+                    return False
+            except BlockingIOError:
+                pass
+            conn.close()
+    except BlockingIOError:
+        return True
+
+
+def test_impostor_endpoint(tmp):
+    """Another process binds a name of the target's (with signal 40, which
+    the target does not handle: sent to it, it would kill it). remora talks
+    only to a socket whose listener is the target itself (SO_PEERCRED):
+    the opted-in target is served through its own socket, the impostor gets
+    nothing, and a target that did not opt in is refused with the impostor
+    named, alive."""
+    t = Target(tmp)
+    fake = impostor("remora-agent.%d.40" % t.own_pid)
+    try:
+        for i in range(3):
+            row, notes, out = status_of(t.pid, "--channel", "socket")
+            check(any("state read through it" in n for n in notes), "status %d goes through the target's own "
+                  "socket" % (i + 1), out)
+        rc, out, err = remora("attach", "-p", t.pid, "--channel", "socket", "-d", 300, "-t", ARGS.hook_tool,
+                              cwd=tmp)
+        check(rc == 0, "attach through the target's own socket", show(rc, out, err))
+        check(impostor_got_nothing(fake), "the impostor got no request")
+    finally:
+        fake.close()
+    t.finish()
+    plain = Target(tmp, opt_in=False)
+    fake = impostor("remora-agent.%d.40" % plain.own_pid)
+    try:
+        rc, out, err = remora("status", "-p", plain.pid, "--channel", "socket")
+        check(rc != 0 and "is not process %d's" % plain.pid in err, "a name taken by another process is refused",
+              show(rc, out, err))
+        check(impostor_got_nothing(fake), "the impostor got no request")
+    finally:
+        fake.close()
+    check(plain.p.poll() is None, "the target that did not opt in is alive (no signal 40 reached it)")
+    plain.finish()
 
 
 TESTS = [v for k, v in list(globals().items()) if k.startswith("test_")]
