@@ -6,7 +6,7 @@
 // a thread started before main makes glibc abort programs that drop
 // privileges). A controller connects, then sends the wake signal to a thread
 // it chose; the handler judges the context it interrupted
-// (agent/wake_rules.h): safe, it starts the channel thread right there;
+// (arch/wake_rules.h): safe, it starts the channel thread right there;
 // a wait that the signal made fail with EINTR, it re-issues the wait and
 // starts the thread; anything else, it hands the wake on to another thread
 // that is blocked in a call the kernel restarts. The channel thread serves
@@ -34,12 +34,12 @@
 
 #include "agent/channel.h"
 #include "agent/channel_wire.h"
-#include "agent/wake_rules.h"
+#include "arch/wake_rules.h"
 
 namespace remora_agent {
 namespace {
 
-namespace w = remora_wake;
+namespace w = remora::arch::wake;
 
 int g_listen_fd = -1;
 int g_signo = 0;
@@ -261,7 +261,7 @@ bool blocks_signal(pid_t tid) {
 }
 
 // Hands the wake to a thread blocked in a call the kernel restarts after a
-// handler (agent/wake_rules.h, restartable_wait), or else to a running one
+// handler (arch/wake_rules.h, restartable_wait), or else to a running one
 // (its handler judges again). Returns false when there is none.
 bool forward_wake(pid_t self) {
   if (__atomic_add_fetch(&g_hops, 1, __ATOMIC_ACQ_REL) > kMaxHops) return false;
@@ -284,12 +284,7 @@ bool forward_wake(pid_t self) {
       if (len <= 0) continue;
       const w::SyscallLine sc = w::parse_syscall_line(line, len);
       if (!sc.ok) continue;
-#if defined(__x86_64__)
-      constexpr w::Arch kArch = w::Arch::kX86_64;
-#else
-      constexpr w::Arch kArch = w::Arch::kAarch64;
-#endif
-      const bool good = !sc.running && w::restartable_wait(kArch, sc.nr, sc.args);
+      const bool good = !sc.running && w::restartable_wait(w::kHostArch, sc.nr, sc.args);
       if ((good || (sc.running && running == 0)) && !blocks_signal(tid)) {
         if (good)
           chosen = tid;
@@ -320,21 +315,7 @@ bool in_program_handler(const sigset_t* mask) {
 
 w::Context read_context(const ucontext_t* uc) {
   w::Context c{};
-#if defined(__x86_64__)
-  const greg_t* g = uc->uc_mcontext.gregs;
-  c.arch = w::Arch::kX86_64;
-  c.pc = static_cast<uint64_t>(g[REG_RIP]);
-  c.ret = static_cast<int64_t>(g[REG_RAX]);
-  c.nr_reg = static_cast<uint64_t>(g[REG_RAX]);
-  const int args[6] = {REG_RDI, REG_RSI, REG_RDX, REG_R10, REG_R8, REG_R9};
-  for (int i = 0; i < 6; ++i) c.args[i] = static_cast<uint64_t>(g[args[i]]);
-#elif defined(__aarch64__)
-  c.arch = w::Arch::kAarch64;
-  c.pc = uc->uc_mcontext.pc;
-  c.ret = static_cast<int64_t>(uc->uc_mcontext.regs[0]);
-  c.nr_reg = uc->uc_mcontext.regs[8];
-  for (int i = 0; i < 6; ++i) c.args[i] = uc->uc_mcontext.regs[i];
-#endif
+  w::read_registers(uc, &c);
   const uintptr_t pc = static_cast<uintptr_t>(c.pc);
   c.has_code = pc >= 16 && in_ranges(g_code, g_code_count, pc - 16, pc + 4);
   if (c.has_code) {
@@ -344,19 +325,6 @@ w::Context read_context(const ucontext_t* uc) {
   c.pc_in_program = in_ranges(g_program, g_program_count, pc, pc + 1);
   c.in_program_handler = in_program_handler(&uc->uc_sigmask);
   return c;
-}
-
-void apply_repair(ucontext_t* uc, const w::Context& c, long nr) {
-#if defined(__x86_64__)
-  const w::Repair r = w::repair_x86(c, nr);
-  greg_t* g = uc->uc_mcontext.gregs;
-  g[REG_RIP] = static_cast<greg_t>(r.pc);
-  g[REG_RAX] = static_cast<greg_t>(r.rax);
-  const int args[6] = {REG_RDI, REG_RSI, REG_RDX, REG_R10, REG_R8, REG_R9};
-  if (r.arg_changed >= 0) g[args[r.arg_changed]] = static_cast<greg_t>(r.arg_value);
-#else
-  (void)uc, (void)c, (void)nr;
-#endif
 }
 
 void wake_handler(int, siginfo_t* si, void* ucv) {
@@ -371,7 +339,7 @@ void wake_handler(int, siginfo_t* si, void* ucv) {
   const w::Verdict v = w::judge(c, &nr);
   // An interrupted wait is re-issued whatever else happens: the signal
   // has made it fail already.
-  if (v == w::Verdict::kRepairAndStart) apply_repair(uc, c, nr);
+  if (v == w::Verdict::kRepairAndStart) w::apply_repair(uc, c, nr);
   if (__atomic_load_n(&g_thread_state, __ATOMIC_ACQUIRE) == 0 && g_listen_fd >= 0) {
     if (v == w::Verdict::kForward) {
       (void)forward_wake(self);

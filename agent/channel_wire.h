@@ -14,7 +14,7 @@
  * controller connects (the kernel queues the connection), then sends SIGNO
  * to a thread of the target with tgkill; the agent's handler starts the
  * channel thread ("remora-channel") from a thread where that is safe
- * (agent/wake_rules.h), which accepts and serves connections one at a time
+ * (src/arch/wake_rules.h), which accepts and serves connections one at a time
  * and leaves again once none came for a while. While it runs (its name is in
  * /proc/PID/task/TID/stat) no wake is needed.
  *

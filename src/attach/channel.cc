@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "agent/wake_rules.h"
+#include "arch/wake_rules.h"
 #include "base/log.h"
 #include "procfs/procfs.h"
 
@@ -162,13 +162,7 @@ Result<void> wake(pid_t pid, int signo, bool* sent) {
   bool running = false;
   auto threads = read_threads(pid, signo, &running);
   if (running) return ok();
-  const pid_t tid = choose_wake_thread(threads,
-#if defined(__x86_64__)
-                                       true
-#else
-                                       false
-#endif
-  );
+  const pid_t tid = choose_wake_thread(threads, arch::wake::kHostArch == arch::wake::Arch::kX86_64);
   if (tid == 0)
     return Error(Errc::kNotSupported, "no thread of process " + std::to_string(pid) + " can take the wake signal " +
                                          std::to_string(signo) +
@@ -276,7 +270,7 @@ Result<std::optional<Endpoint>> find_endpoint(pid_t pid) {
 }
 
 pid_t choose_wake_thread(std::span<const ThreadView> threads, bool x86) {
-  const auto arch = x86 ? remora_wake::Arch::kX86_64 : remora_wake::Arch::kAarch64;
+  const auto arch = x86 ? arch::wake::Arch::kX86_64 : arch::wake::Arch::kAarch64;
   pid_t best = 0;
   int best_score = 0;
   for (const ThreadView& t : threads) {
@@ -286,7 +280,7 @@ pid_t choose_wake_thread(std::span<const ThreadView> threads, bool x86) {
       case 'R': score = 4; break;
       case 'S':
         if (t.syscall_known && !t.running &&
-            remora_wake::restartable_wait(arch, t.nr, t.args))
+            arch::wake::restartable_wait(arch, t.nr, t.args))
           score = 5;
         else if (t.syscall_known)
           score = 1;  // a wait that EINTR would cut short: the agent repairs it where it can

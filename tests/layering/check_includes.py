@@ -11,8 +11,9 @@ higher one):
 agent/ and tools/ run inside the target: they may include include/, the
 header-only headers of base/ (those without a .cc of their own), the
 self-contained header-only ones of arch/ (no .cc, no Remora include), and
-their own files. agent/protocol.h, the protocol shared by the agent and the
-controller, may be included by attach and the layers above it.
+their own files. agent/protocol.h and agent/channel_wire.h, the protocols
+shared by the agent and the controller (remote calls, the socket channel),
+may be included by attach and the layers above it.
 """
 
 import os
@@ -37,7 +38,7 @@ RANK = {
     "compat": 8,
 }
 IN_TARGET = ("agent", "tools")  # code loaded into target processes
-PROTOCOL_HEADER = "agent/protocol.h"
+PROTOCOL_HEADERS = ("agent/protocol.h", "agent/channel_wire.h")
 PROTOCOL_USERS = ("attach", "capi", "cli", "compat")
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
@@ -109,10 +110,10 @@ def rule_for(root, src, target, header_only):
             return None
         return ("%s/ runs inside the target: it may include only include/, its own files and the "
                 "header-only base/ and arch/ headers (%s)" % (m, ", ".join(sorted(os.path.basename(h) for h in header_only))))
-    if target == PROTOCOL_HEADER:
+    if target in PROTOCOL_HEADERS:
         if m in PROTOCOL_USERS:
             return None
-        return "agent/protocol.h is for attach and the layers above it (%s)" % ", ".join(PROTOCOL_USERS)
+        return "%s is for attach and the layers above it (%s)" % (target, ", ".join(PROTOCOL_USERS))
     if t in IN_TARGET:
         return "%s/ is code loaded into targets: no layer includes it" % t
     if m not in RANK:

@@ -3,8 +3,10 @@
 // made fail with EINTR is turned back into the same wait. Pure functions of
 // register values and code bytes, shared by the agent (which reads them from
 // its signal handler's ucontext) and by their table tests
-// (src/attach/channel_test.cc), which cover both architectures on
-// any host. Header-only, no libc: the agent calls it in a signal handler.
+// (src/arch/wake_rules_test.cc), which cover both architectures on
+// any host. Header-only and self-contained (the agent includes it), no libc
+// calls: the agent calls it in a signal handler. The host's part, last,
+// reads and writes a signal handler's ucontext.
 //
 // Why it matters (docs/architecture.md, "The socket channel"): a signal
 // handler that runs on a thread blocked in epoll_wait, poll, select,
@@ -15,12 +17,13 @@
 // thread, takes glibc's stack-cache and malloc locks: the interrupted code
 // must hold neither, the rule the ptrace path's loader start keeps too
 // (src/attach/attach.cc).
-#ifndef REMORA_AGENT_WAKE_RULES_H_
-#define REMORA_AGENT_WAKE_RULES_H_
+#ifndef REMORA_ARCH_WAKE_RULES_H_
+#define REMORA_ARCH_WAKE_RULES_H_
 
 #include <stdint.h>
+#include <ucontext.h>
 
-namespace remora_wake {
+namespace remora::arch::wake {
 
 enum class Arch { kX86_64, kAarch64 };
 
@@ -295,6 +298,48 @@ inline SyscallLine parse_syscall_line(const char* s, int len) {
   return out;
 }
 
-}  // namespace remora_wake
+// ---- the host's ucontext ----------------------------------------------
 
-#endif  // REMORA_AGENT_WAKE_RULES_H_
+#if defined(__x86_64__)
+inline constexpr Arch kHostArch = Arch::kX86_64;
+#elif defined(__aarch64__)
+inline constexpr Arch kHostArch = Arch::kAarch64;
+#endif
+
+// The interrupted context's registers that judge() reads (the code bytes
+// and the two flags are the caller's: it knows which memory it may read).
+inline void read_registers(const ucontext_t* uc, Context* c) {
+  c->arch = kHostArch;
+#if defined(__x86_64__)
+  const greg_t* g = uc->uc_mcontext.gregs;
+  c->pc = static_cast<uint64_t>(g[REG_RIP]);
+  c->ret = static_cast<int64_t>(g[REG_RAX]);
+  c->nr_reg = static_cast<uint64_t>(g[REG_RAX]);
+  const int args[6] = {REG_RDI, REG_RSI, REG_RDX, REG_R10, REG_R8, REG_R9};
+  for (int i = 0; i < 6; ++i) c->args[i] = static_cast<uint64_t>(g[args[i]]);
+#elif defined(__aarch64__)
+  c->pc = uc->uc_mcontext.pc;
+  c->ret = static_cast<int64_t>(uc->uc_mcontext.regs[0]);
+  c->nr_reg = uc->uc_mcontext.regs[8];
+  for (int i = 0; i < 6; ++i) c->args[i] = uc->uc_mcontext.regs[i];
+#endif
+}
+
+// Re-issues the wait judge() found cut short (kRepairAndStart, x86_64 only:
+// see judge), by changing the context the handler returns to.
+inline void apply_repair(ucontext_t* uc, const Context& c, long nr) {
+#if defined(__x86_64__)
+  const Repair r = repair_x86(c, nr);
+  greg_t* g = uc->uc_mcontext.gregs;
+  g[REG_RIP] = static_cast<greg_t>(r.pc);
+  g[REG_RAX] = static_cast<greg_t>(r.rax);
+  const int args[6] = {REG_RDI, REG_RSI, REG_RDX, REG_R10, REG_R8, REG_R9};
+  if (r.arg_changed >= 0) g[args[r.arg_changed]] = static_cast<greg_t>(r.arg_value);
+#else
+  (void)uc, (void)c, (void)nr;
+#endif
+}
+
+}  // namespace remora::arch::wake
+
+#endif  // REMORA_ARCH_WAKE_RULES_H_
