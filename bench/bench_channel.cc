@@ -15,8 +15,11 @@
 //   idle overhead  a fresh process running a CPU-bound loop and a
 //                  syscall-heavy loop (getppid, and write+read on a pipe),
 //                  without the agent and opted in with nobody attached: the
-//                  loop's own time, and the process's whole life (fork,
-//                  exec, the agent's constructor, exit).
+//                  loop's own time against a second sample without the
+//                  agent (the noise); and a process that does nothing, from
+//                  fork to reaped, without the agent, with it preloaded, and
+//                  opted in (the opt-in's own cost: the constructor's
+//                  socket, handler and range record).
 // Every process is this program run again in a role ("--target",
 // "--work"). The payload is the test hook tool with no log file.
 //   remora-bench-channel AGENT TOOL [ROUNDS]
@@ -100,19 +103,19 @@ int work_main(const char* kind, long n, int out_fd) {
   return 0;
 }
 
-// Starts this program in a role; `opted`: with the agent preloaded and
-// REMORA_TOOL_ATTACH=1. Returns its pid.
-pid_t spawn(const std::vector<std::string>& args, bool opted) {
+// How a process starts: without the agent, with it preloaded, or
+// preloaded and opted in to the socket channel (REMORA_TOOL_ATTACH=1).
+enum class Start { kPlain, kPreloaded, kOptedIn };
+
+// Starts this program in a role. Returns its pid.
+pid_t spawn(const std::vector<std::string>& args, Start how) {
   const pid_t pid = fork();
   if (pid < 0) die("fork");
   if (pid == 0) {
-    if (opted) {
-      setenv("LD_PRELOAD", g_agent.c_str(), 1);
-      setenv("REMORA_TOOL_ATTACH", "1", 1);
-    } else {
-      unsetenv("LD_PRELOAD");
-      unsetenv("REMORA_TOOL_ATTACH");
-    }
+    unsetenv("LD_PRELOAD");
+    unsetenv("REMORA_TOOL_ATTACH");
+    if (how != Start::kPlain) setenv("LD_PRELOAD", g_agent.c_str(), 1);
+    if (how == Start::kOptedIn) setenv("REMORA_TOOL_ATTACH", "1", 1);
     std::vector<char*> argv{g_self.data()};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -130,7 +133,7 @@ struct Target {
     if (pipe(ready) != 0 || pipe(hold_p) != 0) die("pipe");
     fcntl(ready[0], F_SETFD, FD_CLOEXEC);  // the write ends go to the target
     fcntl(hold_p[1], F_SETFD, FD_CLOEXEC);
-    pid = spawn({"--target", std::to_string(ready[1]), std::to_string(hold_p[0]), how}, true);
+    pid = spawn({"--target", std::to_string(ready[1]), std::to_string(hold_p[0]), how}, Start::kOptedIn);
     close(ready[1]);
     close(hold_p[0]);
     hold = hold_p[1];
@@ -191,12 +194,12 @@ void reattach(const AttachOptions& base, Channel ch, int cycles, int pause_ms, s
 }
 
 // One workload process: {its loop's time, its whole life}, us.
-std::pair<double, double> work(const char* kind, long n, bool opted) {
+std::pair<double, double> work(const char* kind, long n, Start how) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) die("pipe");
   const int child_out = dup(out[1]);  // inherited across exec
   const auto t0 = Clock::now();
-  const pid_t pid = spawn({"--work", kind, std::to_string(n), std::to_string(child_out)}, opted);
+  const pid_t pid = spawn({"--work", kind, std::to_string(n), std::to_string(child_out)}, how);
   close(child_out);
   close(out[1]);
   long ns = 0;
@@ -212,7 +215,8 @@ std::pair<double, double> work(const char* kind, long n, bool opted) {
 struct Rows {
   std::vector<double> ptrace_read, socket_read, ptrace_epoll, socket_epoll;
   std::vector<double> re_ptrace, re_warm, re_cold, re_ptrace_paused;
-  std::vector<double> loop[3][3], life[3][3];  // [cpu, sys, pipe][plain, opted, plain again]
+  std::vector<double> loop[3][3];  // [cpu, sys, pipe][plain, opted in, plain again]
+  std::vector<double> startup[3];  // a process that does nothing: [plain, preloaded, opted in]
 };
 
 void print_rows(const Rows& r, int rounds) {
@@ -239,10 +243,13 @@ void print_rows(const Rows& r, int rounds) {
   const char* kinds[3] = {"CPU-bound (LCG, 2e8 steps)", "getppid x 2e6", "pipe write+read x 3e5"};
   for (int k = 0; k < 3; ++k) {
     const double plain = median(r.loop[k][0]), again = median(r.loop[k][2]);
-    std::printf("  %-28s loop %9.0f vs %9.0f us: %.3fx (noise %.3fx); process life %+.0f us (noise %+.0f us)\n",
-                kinds[k], median(r.loop[k][1]), plain, median(r.loop[k][1]) / plain, again / plain,
-                median(r.life[k][1]) - median(r.life[k][0]), median(r.life[k][2]) - median(r.life[k][0]));
+    std::printf("  %-28s loop %9.0f vs %9.0f us: %.3fx (noise %.3fx)\n", kinds[k], median(r.loop[k][1]), plain,
+                median(r.loop[k][1]) / plain, again / plain);
   }
+  std::printf("start-up (fork, exec, a main that returns, exit): no agent %.0f us, preloaded %.0f us (%+.0f), "
+              "preloaded and opted in %.0f us (%+.0f more)\n",
+              median(r.startup[0]), median(r.startup[1]), median(r.startup[1]) - median(r.startup[0]),
+              median(r.startup[2]), median(r.startup[2]) - median(r.startup[1]));
 }
 
 }  // namespace
@@ -279,11 +286,10 @@ int main(int argc, char** argv) {
       reattach(opts, Channel::kPtrace, 2, 600, &r.re_ptrace_paused);
     }
     for (int k = 0; k < 3; ++k)
-      for (int opted = 0; opted < 3; ++opted) {
-        auto [loop, life] = work(kinds[k], counts[k], opted == 1);
-        r.loop[k][opted].push_back(loop);
-        r.life[k][opted].push_back(life);
-      }
+      for (int v = 0; v < 3; ++v) r.loop[k][v].push_back(work(kinds[k], counts[k], v == 1 ? Start::kOptedIn : Start::kPlain).first);
+    for (int j = 0; j < 20; ++j)
+      for (int v = 0; v < 3; ++v)
+        r.startup[v].push_back(work("cpu", 0, v == 0 ? Start::kPlain : v == 1 ? Start::kPreloaded : Start::kOptedIn).second);
   }
   print_rows(r, rounds);
   return 0;
