@@ -12,6 +12,8 @@
 // that is blocked in a call the kernel restarts. The channel thread serves
 // the queued connections and leaves once none came for a while, so that a
 // later credential change meets no thread of ours again.
+#include "agent/channel.h"
+
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -32,7 +34,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/channel.h"
 #include "agent/channel_wire.h"
 #include "arch/wake_rules.h"
 
@@ -103,8 +104,9 @@ void parse_allowed() {
 bool system_object(const char* name) {
   const char* base = strrchr(name, '/');
   base = base ? base + 1 : name;
-  static const char* const kPrefixes[] = {"libc.so", "ld-linux", "ld64.so", "libpthread.so", "libdl.so",
-                                          "librt.so", "libgcc_s.so", "linux-vdso", "linux-gate"};
+  static const char* const kPrefixes[] = {"libc.so",       "ld-linux",   "ld64.so",
+                                          "libpthread.so", "libdl.so",   "librt.so",
+                                          "libgcc_s.so",   "linux-vdso", "linux-gate"};
   for (const char* p : kPrefixes)
     if (strncmp(base, p, strlen(p)) == 0) return true;
   return false;
@@ -118,8 +120,8 @@ int record_object(dl_phdr_info* info, size_t, void* data) {
   const auto* st = static_cast<const RecordState*>(data);
   const char* name = info->dlpi_name ? info->dlpi_name : "";
   const bool program = !system_object(name) && info->dlpi_addr != st->agent_base &&
-                       info->dlpi_addr != st->malloc_base && !(name[0] == '\0' && info->dlpi_addr != 0 &&
-                                                               info->dlpi_phnum == 0);
+                       info->dlpi_addr != st->malloc_base &&
+                       !(name[0] == '\0' && info->dlpi_addr != 0 && info->dlpi_phnum == 0);
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const ElfW(Phdr)& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
@@ -150,7 +152,7 @@ int choose_signal() {
     return v >= SIGRTMIN && v <= SIGRTMAX ? v : 0;
   }
   for (int sig = SIGRTMAX - 4; sig >= SIGRTMIN + 2; --sig) {
-    struct sigaction old{};
+    struct sigaction old {};
     if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && (old.sa_flags & SA_SIGINFO) == 0)
       return sig;
   }
@@ -306,9 +308,10 @@ bool forward_wake(pid_t self) {
 bool in_program_handler(const sigset_t* mask) {
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig == g_signo || sig == SIGKILL || sig == SIGSTOP || sigismember(mask, sig) != 1) continue;
-    struct sigaction sa{};
+    struct sigaction sa {};
     if (sigaction(sig, nullptr, &sa) != 0) continue;
-    if ((sa.sa_flags & SA_SIGINFO) != 0 || (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN)) return true;
+    if ((sa.sa_flags & SA_SIGINFO) != 0 || (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN))
+      return true;
   }
   return false;
 }
@@ -531,14 +534,16 @@ bool build_list(Request* req, Reply* out) {
       snprintf(piece, sizeof piece, "%.*s|/proc/self/fd/%d", static_cast<int>(bar - p), p, req->fds[index]);
     } else {
       if (len >= 1024) {
-        reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "tool list entry %d is longer than 1023 bytes", entry);
+        reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "tool list entry %d is longer than 1023 bytes",
+                    entry);
         return false;
       }
       snprintf(piece, sizeof piece, "%.*s", static_cast<int>(len), p);
     }
     const size_t plen = strlen(piece);
     if (used + plen + 2 > sizeof req->list) {
-      reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "the tool list is longer than %zu bytes", sizeof req->list);
+      reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "the tool list is longer than %zu bytes",
+                  sizeof req->list);
       return false;
     }
     if (used != 0) req->list[used++] = ':';
@@ -558,7 +563,8 @@ bool read_request(int conn, Request* req, Reply* out) {
                 REMORA_CHANNEL_VERSION);
     return false;
   }
-  if (h.op != REMORA_CHANNEL_OP_STATUS && h.op != REMORA_CHANNEL_OP_ATTACH && h.op != REMORA_CHANNEL_OP_DETACH) {
+  if (h.op != REMORA_CHANNEL_OP_STATUS && h.op != REMORA_CHANNEL_OP_ATTACH &&
+      h.op != REMORA_CHANNEL_OP_DETACH) {
     reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "unknown request %u", h.op);
     return false;
   }
@@ -577,10 +583,11 @@ bool read_request(int conn, Request* req, Reply* out) {
   }
   if (!valid_env(req->env, h.env_size, out) || !build_list(req, out)) return false;
   if ((h.flags & REMORA_CHANNEL_FLAG_LEASE) != 0) {
-    struct stat st{};
+    struct stat st {};
     if (h.op != REMORA_CHANNEL_OP_ATTACH || req->fd_count < 1 || fstat(req->fds[0], &st) != 0 ||
         !S_ISFIFO(st.st_mode) || (fcntl(req->fds[0], F_GETFL) & O_ACCMODE) != O_RDONLY) {
-      reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT, "a lease must come as a pipe's read end with an attach");
+      reply_error(out, REMORA_AGENT_ERR_BAD_ARGUMENT,
+                  "a lease must come as a pipe's read end with an attach");
       return false;
     }
   }
@@ -644,11 +651,12 @@ void serve(int conn) {
     for (int i = 0; i < g_allowed_count && used + 12 < sizeof allowed; ++i)
       used += static_cast<size_t>(snprintf(allowed + used, sizeof allowed - used, "%s%u", i ? "," : "",
                                            static_cast<unsigned>(g_allowed[i])));
-    reply_error(&out, REMORA_AGENT_ERR_REFUSED,
-                "uid %u may not attach to process %d (uid %u): its socket channel admits root, its own uid%s%s; "
-                "start it with REMORA_ATTACH_UIDS=%u (comma-separated) to admit that uid",
-                static_cast<unsigned>(cred.uid), static_cast<int>(getpid()), static_cast<unsigned>(getuid()),
-                g_allowed_count ? " and REMORA_ATTACH_UIDS=" : "", allowed, static_cast<unsigned>(cred.uid));
+    reply_error(
+        &out, REMORA_AGENT_ERR_REFUSED,
+        "uid %u may not attach to process %d (uid %u): its socket channel admits root, its own uid%s%s; "
+        "start it with REMORA_ATTACH_UIDS=%u (comma-separated) to admit that uid",
+        static_cast<unsigned>(cred.uid), static_cast<int>(getpid()), static_cast<unsigned>(getuid()),
+        g_allowed_count ? " and REMORA_ATTACH_UIDS=" : "", allowed, static_cast<unsigned>(cred.uid));
   } else if (read_request(conn, &req, &out)) {
     // The lease's holder as this process names it; a controller in a pid
     // namespace it cannot see (the host's, for a container) is named by
@@ -693,7 +701,7 @@ void* channel_main(void*) {
 }
 
 void install_handler(int signo) {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_sigaction = wake_handler;
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
   sigfillset(&sa.sa_mask);
@@ -724,7 +732,7 @@ void channel_fini() {
   if (g_signo == 0) return;
   if (g_listen_fd >= 0) close(g_listen_fd);
   g_listen_fd = -1;
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = SIG_IGN;  // a wake already on its way must find no handler of ours
   sigaction(g_signo, &sa, nullptr);
 }

@@ -58,13 +58,13 @@ enum remora_channel_op {
 #define REMORA_CHANNEL_FLAG_LEASE 0x1u /* descriptor 0 is the lease's read end */
 
 struct remora_channel_request {
-  uint32_t magic;   /* REMORA_CHANNEL_MAGIC */
-  uint32_t version; /* REMORA_CHANNEL_VERSION */
-  uint32_t op;      /* enum remora_channel_op */
-  uint32_t flags;   /* REMORA_CHANNEL_FLAG_* */
-  uint32_t env_size;   /* bytes of the environment buffer that follow (0: none) */
-  uint32_t tools_size; /* bytes of the tool list that follow, its NUL included (0: none) */
-  uint32_t fd_count;   /* descriptors sent with the header */
+  uint32_t magic;         /* REMORA_CHANNEL_MAGIC */
+  uint32_t version;       /* REMORA_CHANNEL_VERSION */
+  uint32_t op;            /* enum remora_channel_op */
+  uint32_t flags;         /* REMORA_CHANNEL_FLAG_* */
+  uint32_t env_size;      /* bytes of the environment buffer that follow (0: none) */
+  uint32_t tools_size;    /* bytes of the tool list that follow, its NUL included (0: none) */
+  uint32_t fd_count;      /* descriptors sent with the header */
   int32_t controller_pid; /* informational (SO_PEERCRED's pid is what the agent records) */
 };
 
@@ -80,7 +80,7 @@ struct remora_channel_reply {
   int32_t pid;       /* the target's own getpid() */
   uint32_t peer_uid; /* the uid the agent saw (SO_PEERCRED, in its user namespace) */
   int32_t forked_from;
-  int32_t listener_tid; /* the ptrace path's listener, 0 when none runs */
+  int32_t listener_tid;    /* the ptrace path's listener, 0 when none runs */
   int32_t session_channel; /* remora_agent_info.session_channel */
   int32_t reserved;
   char tools[REMORA_AGENT_TOOLS_SIZE];

@@ -35,7 +35,7 @@ int detach_all_locked();
 void close_lease_locked();
 void join_expired_watcher_locked();
 void stop_lease_locked();
-bool lease_live_locked();    // armed, and its controller still there
+bool lease_live_locked();     // armed, and its controller still there
 bool lease_running_locked();  // armed (its controller may be gone already)
 int arm_lease_locked(int32_t read_fd, int32_t controller_pid);
 // In a fork's child: the parent's watcher did not come along; a session

@@ -41,7 +41,6 @@ OwnStack& lease_stack() { return g_lease_stack; }
 
 bool lease_running_locked() { return g_lease_running; }
 
-
 void close_lease_locked() {
   g_lease_running = false;
   close(g_lease_wake);

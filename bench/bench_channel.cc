@@ -238,18 +238,20 @@ void print_rows(const Rows& r, int rounds) {
   row("ptrace, after the same 0.6 s pause", r.re_ptrace_paused);
   std::printf("  socket/ptrace: warm %.2fx, cold %.2fx (against ptrace after the same pause)\n",
               median(r.re_warm) / median(r.re_ptrace), median(r.re_cold) / median(r.re_ptrace_paused));
-  std::printf("idle overhead, opted in and not attached, against no agent (and no agent against itself,\n"
-              "a second sample each round: the noise):\n");
+  std::printf(
+      "idle overhead, opted in and not attached, against no agent (and no agent against itself,\n"
+      "a second sample each round: the noise):\n");
   const char* kinds[3] = {"CPU-bound (LCG, 2e8 steps)", "getppid x 2e6", "pipe write+read x 3e5"};
   for (int k = 0; k < 3; ++k) {
     const double plain = median(r.loop[k][0]), again = median(r.loop[k][2]);
-    std::printf("  %-28s loop %9.0f vs %9.0f us: %.3fx (noise %.3fx)\n", kinds[k], median(r.loop[k][1]), plain,
-                median(r.loop[k][1]) / plain, again / plain);
+    std::printf("  %-28s loop %9.0f vs %9.0f us: %.3fx (noise %.3fx)\n", kinds[k], median(r.loop[k][1]),
+                plain, median(r.loop[k][1]) / plain, again / plain);
   }
-  std::printf("start-up (fork, exec, a main that returns, exit): no agent %.0f us, preloaded %.0f us (%+.0f), "
-              "preloaded and opted in %.0f us (%+.0f more)\n",
-              median(r.startup[0]), median(r.startup[1]), median(r.startup[1]) - median(r.startup[0]),
-              median(r.startup[2]), median(r.startup[2]) - median(r.startup[1]));
+  std::printf(
+      "start-up (fork, exec, a main that returns, exit): no agent %.0f us, preloaded %.0f us (%+.0f), "
+      "preloaded and opted in %.0f us (%+.0f more)\n",
+      median(r.startup[0]), median(r.startup[1]), median(r.startup[1]) - median(r.startup[0]),
+      median(r.startup[2]), median(r.startup[2]) - median(r.startup[1]));
 }
 
 }  // namespace
@@ -286,10 +288,15 @@ int main(int argc, char** argv) {
       reattach(opts, Channel::kPtrace, 2, 600, &r.re_ptrace_paused);
     }
     for (int k = 0; k < 3; ++k)
-      for (int v = 0; v < 3; ++v) r.loop[k][v].push_back(work(kinds[k], counts[k], v == 1 ? Start::kOptedIn : Start::kPlain).first);
+      for (int v = 0; v < 3; ++v)
+        r.loop[k][v].push_back(work(kinds[k], counts[k], v == 1 ? Start::kOptedIn : Start::kPlain).first);
     for (int j = 0; j < 20; ++j)
       for (int v = 0; v < 3; ++v)
-        r.startup[v].push_back(work("cpu", 0, v == 0 ? Start::kPlain : v == 1 ? Start::kPreloaded : Start::kOptedIn).second);
+        r.startup[v].push_back(work("cpu", 0,
+                                    v == 0   ? Start::kPlain
+                                    : v == 1 ? Start::kPreloaded
+                                             : Start::kOptedIn)
+                                   .second);
   }
   print_rows(r, rounds);
   return 0;

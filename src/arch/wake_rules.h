@@ -29,25 +29,25 @@ enum class Arch { kX86_64, kAarch64 };
 
 // What the handler does on the thread it interrupted.
 enum class Verdict {
-  kStartHere,         // safe: start the channel thread from this handler
-  kRepairAndStart,    // a wait that would return EINTR: re-issue it (repair), then start here
-  kForward,           // not safe here: hand the wake to another thread
+  kStartHere,       // safe: start the channel thread from this handler
+  kRepairAndStart,  // a wait that would return EINTR: re-issue it (repair), then start here
+  kForward,         // not safe here: hand the wake to another thread
 };
 
 // One architecture's system-call numbers that the rules name.
 struct Numbers {
   long read, readv, recvfrom, recvmsg, accept, accept4, wait4, waitid, futex;
-  long epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect6, nanosleep,
-      clock_nanosleep, pause;
+  long epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect6, nanosleep, clock_nanosleep,
+      pause;
   long write, writev, pread64, pwrite64, sendto, sendmsg, connect;
 };
 
-inline constexpr Numbers kX86_64 = {0,   19,  45,  47,  43,  288, 61, 247, 202, 232, 281, 441, 7,
-                                    271, 23,  270, 35,  230, 34,  1,  20,  17,  18,  44,  46,  42};
+inline constexpr Numbers kX86_64 = {0,   19, 45,  47, 43,  288, 61, 247, 202, 232, 281, 441, 7,
+                                    271, 23, 270, 35, 230, 34,  1,  20,  17,  18,  44,  46,  42};
 // aarch64 has no epoll_wait, poll, select, pause or accept-without-4 calls
 // (-1: never matches).
-inline constexpr Numbers kAarch64 = {63, 65, 207, 212, 202, 242, 260, 95, 98,  -1,  22,  441, -1,
-                                     73, -1, 72,  101, 115, -1,  64,  66, 67, 68,  206, 211, 203};
+inline constexpr Numbers kAarch64 = {63, 65, 207, 212, 202, 242, 260, 95, 98, -1, 22,  441, -1,
+                                     73, -1, 72,  101, 115, -1,  64,  66, 67, 68, 206, 211, 203};
 
 inline constexpr const Numbers& numbers(Arch a) { return a == Arch::kX86_64 ? kX86_64 : kAarch64; }
 
@@ -83,9 +83,9 @@ inline bool restartable_wait(Arch a, long nr, const uint64_t* args) {
 inline bool repairable_wait(Arch a, long nr) {
   const Numbers& n = numbers(a);
   if (nr < 0) return false;
-  return nr == n.epoll_wait || nr == n.epoll_pwait || nr == n.epoll_pwait2 || nr == n.poll ||
-         nr == n.ppoll || nr == n.select || nr == n.pselect6 || nr == n.nanosleep ||
-         nr == n.clock_nanosleep || nr == n.pause || nr == n.futex;
+  return nr == n.epoll_wait || nr == n.epoll_pwait || nr == n.epoll_pwait2 || nr == n.poll || nr == n.ppoll ||
+         nr == n.select || nr == n.pselect6 || nr == n.nanosleep || nr == n.clock_nanosleep ||
+         nr == n.pause || nr == n.futex;
 }
 
 // A call the thread has just returned from (pc right after the
@@ -134,8 +134,9 @@ inline long decode_nr_x86(const uint8_t* before, int len) {
     const int mov = end - gap - 5;
     if (mov < 0) break;
     if (before[mov] != 0xb8 || !is_register_move_x86(before + mov + 5, gap)) continue;
-    const uint32_t imm = static_cast<uint32_t>(before[mov + 1]) | static_cast<uint32_t>(before[mov + 2]) << 8 |
-                         static_cast<uint32_t>(before[mov + 3]) << 16 | static_cast<uint32_t>(before[mov + 4]) << 24;
+    const uint32_t imm =
+        static_cast<uint32_t>(before[mov + 1]) | static_cast<uint32_t>(before[mov + 2]) << 8 |
+        static_cast<uint32_t>(before[mov + 3]) << 16 | static_cast<uint32_t>(before[mov + 4]) << 24;
     if (imm > 1024) continue;
     return static_cast<long>(imm);
   }
@@ -146,9 +147,9 @@ inline long decode_nr_x86(const uint8_t* before, int len) {
 struct Context {
   Arch arch;
   uint64_t pc;
-  int64_t ret;        // x86_64 rax; aarch64 x0
-  uint64_t nr_reg;    // x86_64 rax (the same register); aarch64 x8
-  uint64_t args[6];   // the system call's arguments as the registers hold them
+  int64_t ret;       // x86_64 rax; aarch64 x0
+  uint64_t nr_reg;   // x86_64 rax (the same register); aarch64 x8
+  uint64_t args[6];  // the system call's arguments as the registers hold them
   // Code around pc, when the handler could read it (pc within a mapping it
   // recorded): the 16 bytes before pc and the 4 at pc; has_code false: none.
   bool has_code;

@@ -210,8 +210,8 @@ TEST(JudgeX86, RestartedCallsAtTheSyscallInstruction) {
       {"futex wait-bitset with a timeout", x86_at_syscall(202, 9, 0x7ffd0000), w::Verdict::kForward, -1},
       {"futex wake", x86_at_syscall(202, 1 | kFutexPrivate, 0), w::Verdict::kForward, -1},
       {"futex lock-pi", x86_at_syscall(202, 6, 0), w::Verdict::kForward, -1},
-      {"futex wait on a glibc lock word (2: locked, waiters)", futex_on_lock_word(x86_at_syscall(202, 0 | kFutexPrivate, 0)),
-       w::Verdict::kForward, -1},
+      {"futex wait on a glibc lock word (2: locked, waiters)",
+       futex_on_lock_word(x86_at_syscall(202, 0 | kFutexPrivate, 0)), w::Verdict::kForward, -1},
       {"epoll_wait at its syscall instruction", x86_at_syscall(232), w::Verdict::kForward, -1},
       {"poll at its syscall instruction", x86_at_syscall(7), w::Verdict::kForward, -1},
       {"clock_nanosleep at its syscall instruction", x86_at_syscall(230), w::Verdict::kForward, -1},
@@ -289,7 +289,8 @@ TEST(JudgeX86, JustBackFromACompletedCall) {
       {"an undecodable call", x86_returned(0, {0x48, 0x89, 0xf8, 0x0f, 0x05}), w::Verdict::kForward, -1},
       // Its arguments are gone, and fork's unlock of the malloc arenas wakes
       // waiters while it still holds some.
-      {"futex returned 0", x86_returned(0, {0xb8, 0xca, 0x00, 0x00, 0x00, 0x0f, 0x05}), w::Verdict::kForward, -1},
+      {"futex returned 0", x86_returned(0, {0xb8, 0xca, 0x00, 0x00, 0x00, 0x0f, 0x05}), w::Verdict::kForward,
+       -1},
   };
   for (const JudgeCase& c : cases) expect_judged(c);
   // The call decides, not where it was made.

@@ -41,7 +41,8 @@ Result<pid_t> own_view_pid(pid_t pid) {
 // unreadable: not dumpable, another uid) counts as yes: the abstract name
 // is then looked up in ours, as the listing we could read was.
 bool same_netns(pid_t pid) {
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   if (::stat(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), &a) != 0) return true;
   if (::stat("/proc/self/ns/net", &b) != 0) return true;
   return a.st_ino == b.st_ino && a.st_dev == b.st_dev;
@@ -93,8 +94,9 @@ Result<void> send_request(int sock, const Request& req) {
   fds.insert(fds.end(), req.tool_fds.begin(), req.tool_fds.end());
   if (fds.size() > REMORA_CHANNEL_FDS_MAX || req.env.size() > REMORA_CHANNEL_ENV_MAX ||
       req.tools.size() >= REMORA_CHANNEL_TOOLS_MAX)
-    return Error(Errc::kInvalidArgument, "too many tools or too long an environment for the socket channel (at "
-                                         "most 16 tools, a 4 KiB tool list and an 8 KiB environment)");
+    return Error(Errc::kInvalidArgument,
+                 "too many tools or too long an environment for the socket channel (at "
+                 "most 16 tools, a 4 KiB tool list and an 8 KiB environment)");
   head.fd_count = static_cast<uint32_t>(fds.size());
   std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
   iovec iov{&head, sizeof head};
@@ -164,19 +166,20 @@ Result<void> wake(pid_t pid, int signo, bool* sent) {
   if (running) return ok();
   const pid_t tid = choose_wake_thread(threads, arch::wake::kHostArch == arch::wake::Arch::kX86_64);
   if (tid == 0)
-    return Error(Errc::kNotSupported, "no thread of process " + std::to_string(pid) + " can take the wake signal " +
-                                         std::to_string(signo) +
-                                         " (every thread blocks it, or is stopped): start the program with "
-                                         "REMORA_WAKE_SIGNAL=N, N a real-time signal it leaves unblocked");
+    return Error(Errc::kNotSupported, "no thread of process " + std::to_string(pid) +
+                                          " can take the wake signal " + std::to_string(signo) +
+                                          " (every thread blocks it, or is stopped): start the program with "
+                                          "REMORA_WAKE_SIGNAL=N, N a real-time signal it leaves unblocked");
   if (::syscall(SYS_tgkill, pid, tid, signo) != 0) {
     const int err = errno;
     if (err == ESRCH) return ok();  // that thread ended; the next round picks another
-    return Error(Errc::kRefused,
-                 "uid " + std::to_string(::geteuid()) + " cannot send the wake signal to process " +
-                     std::to_string(pid) + " (" + std::strerror(err) +
-                     "): its socket channel is woken by a signal, which only its own uid, root or CAP_KILL may "
-                     "send; run remora as the process's uid or as root",
-                 err);
+    return Error(
+        Errc::kRefused,
+        "uid " + std::to_string(::geteuid()) + " cannot send the wake signal to process " +
+            std::to_string(pid) + " (" + std::strerror(err) +
+            "): its socket channel is woken by a signal, which only its own uid, root or CAP_KILL may "
+            "send; run remora as the process's uid or as root",
+        err);
   }
   REMORA_LOG(kAttach, "pid %d: wake signal %d sent to thread %d", pid, signo, tid);
   *sent = true;
@@ -192,13 +195,15 @@ Result<remora_channel_reply> read_reply(int sock, pid_t pid, int signo, Deadline
   auto next_wake = Deadline::after(std::chrono::milliseconds(100));
   while (got < sizeof reply) {
     if (deadline.expired())
-      return Error(Errc::kTimedOut, "process " + std::to_string(pid) +
-                                       " did not answer on its socket channel in time (its agent woke no thread: "
-                                       "every thread may be stopped, or it left the wake signal " +
-                                       std::to_string(signo) + " to a handler of its own)");
+      return Error(Errc::kTimedOut,
+                   "process " + std::to_string(pid) +
+                       " did not answer on its socket channel in time (its agent woke no thread: "
+                       "every thread may be stopped, or it left the wake signal " +
+                       std::to_string(signo) + " to a handler of its own)");
     const auto wait = std::min(deadline.remaining(), next_wake.remaining());
     pollfd pf{sock, POLLIN, 0};
-    const int n = ::poll(&pf, 1, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait).count()));
+    const int n =
+        ::poll(&pf, 1, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait).count()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Error::from_errno("wait for the socket channel", errno);
     if (n == 0) {
@@ -212,14 +217,15 @@ Result<remora_channel_reply> read_reply(int sock, pid_t pid, int signo, Deadline
     const ssize_t k = ::recv(sock, p + got, sizeof reply - got, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0)
-      return Error(Errc::kIo, "process " + std::to_string(pid) + " closed its socket channel before it answered");
+      return Error(Errc::kIo,
+                   "process " + std::to_string(pid) + " closed its socket channel before it answered");
     got += static_cast<size_t>(k);
   }
   if (reply.magic != REMORA_CHANNEL_MAGIC || reply.version != REMORA_CHANNEL_VERSION)
-    return Error(Errc::kNotSupported, "process " + std::to_string(pid) + " answered its socket channel with version " +
-                                      std::to_string(reply.version) + "; this remora speaks version " +
-                                      std::to_string(REMORA_CHANNEL_VERSION) +
-                                      ": use the remora that matches its agent");
+    return Error(Errc::kNotSupported,
+                 "process " + std::to_string(pid) + " answered its socket channel with version " +
+                     std::to_string(reply.version) + "; this remora speaks version " +
+                     std::to_string(REMORA_CHANNEL_VERSION) + ": use the remora that matches its agent");
   reply.tools[sizeof reply.tools - 1] = '\0';
   reply.message[sizeof reply.message - 1] = '\0';
   return reply;
@@ -279,8 +285,7 @@ pid_t choose_wake_thread(std::span<const ThreadView> threads, bool x86) {
     switch (t.state) {
       case 'R': score = 4; break;
       case 'S':
-        if (t.syscall_known && !t.running &&
-            arch::wake::restartable_wait(arch, t.nr, t.args))
+        if (t.syscall_known && !t.running && arch::wake::restartable_wait(arch, t.nr, t.args))
           score = 5;
         else if (t.syscall_known)
           score = 1;  // a wait that EINTR would cut short: the agent repairs it where it can
@@ -367,7 +372,8 @@ Result<remora_channel_reply> call(pid_t pid, const Endpoint& given, const Reques
 
 std::string how_to_opt_in() {
   return "to attach without ptrace, start the program with `remora run --listen -- PROG` (or with "
-         "libremora-agent.so in LD_PRELOAD and REMORA_TOOL_ATTACH=1): remora then attaches through its socket "
+         "libremora-agent.so in LD_PRELOAD and REMORA_TOOL_ATTACH=1): remora then attaches through its "
+         "socket "
          "channel";
 }
 

@@ -25,9 +25,9 @@ std::string pid_str(pid_t pid) { return std::to_string(pid); }
 Result<channel::Endpoint> require_endpoint(pid_t pid) {
   auto ep = REMORA_TRY(channel::find_endpoint(pid));
   if (!ep)
-    return Error(Errc::kNotSupported, "process " + pid_str(pid) +
-                                          " has no socket channel (no @" REMORA_CHANNEL_NAME_PREFIX + pid_str(pid) +
-                                          ".* socket in its network namespace); " + channel::how_to_opt_in());
+    return Error(Errc::kNotSupported,
+                 "process " + pid_str(pid) + " has no socket channel (no @" REMORA_CHANNEL_NAME_PREFIX +
+                     pid_str(pid) + ".* socket in its network namespace); " + channel::how_to_opt_in());
   return *ep;
 }
 
@@ -43,7 +43,8 @@ Result<ToolFiles> open_tools(const std::vector<std::string>& tools) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string& path = tools[i];
     if (path.find_first_of(":|") != std::string::npos)
-      return Error(Errc::kInvalidArgument, "tool path '" + path + "' holds ':' or '|', which the tool list uses");
+      return Error(Errc::kInvalidArgument,
+                   "tool path '" + path + "' holds ':' or '|', which the tool list uses");
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Error::from_errno("open tool " + path, errno);
     out.fds.emplace_back(fd);
@@ -96,7 +97,8 @@ Result<Channel> parse_channel(std::string_view s) {
   if (s == "auto") return Channel::kAuto;
   if (s == "ptrace") return Channel::kPtrace;
   if (s == "socket") return Channel::kSocket;
-  return Error(Errc::kInvalidArgument, "unknown channel '" + std::string(s) + "': use auto, ptrace or socket");
+  return Error(Errc::kInvalidArgument,
+               "unknown channel '" + std::string(s) + "': use auto, ptrace or socket");
 }
 
 std::shared_ptr<Controller::SocketSession> Controller::socket_session(pid_t pid) {
@@ -163,7 +165,8 @@ Result<ProcessOutcome> Controller::attach_socket(pid_t pid, const AttachOptions&
     s = std::make_shared<SocketSession>();
     s->pid = pid;
     s->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-    if (!s->pidfd) return Error(Errc::kNoSuchProcess, "process " + pid_str(pid) + " exited", errno).with_context(ctx);
+    if (!s->pidfd)
+      return Error(Errc::kNoSuchProcess, "process " + pid_str(pid) + " exited", errno).with_context(ctx);
   }
   std::lock_guard lock(s->mu);
   auto files = REMORA_TRY_CTX(open_tools(opts.tools), ctx);
@@ -190,7 +193,8 @@ Result<ProcessOutcome> Controller::attach_socket(pid_t pid, const AttachOptions&
     std::lock_guard clock(mu_);
     socket_sessions_[pid] = s;
   }
-  REMORA_LOG(kAttach, "pid %d: attached through the socket channel%s", pid, opts.lease ? " with its lease" : "");
+  REMORA_LOG(kAttach, "pid %d: attached through the socket channel%s", pid,
+             opts.lease ? " with its lease" : "");
   ProcessOutcome out;
   out.pid = pid;
   out.ok = true;
@@ -220,7 +224,8 @@ Result<UnloadReport> Controller::detach_socket(pid_t pid, const DetachOptions& o
     return Error(detail::errc_for_agent(reply->result), reply->message).with_context(ctx);
   if (opts.unload)
     return Error(Errc::kNotSupported,
-                 "the tools were detached, but an agent that was preloaded at launch (the socket channel's opt-in) "
+                 "the tools were detached, but an agent that was preloaded at launch (the socket channel's "
+                 "opt-in) "
                  "stays in the process: detach without --unload")
         .with_context(ctx);
   return UnloadReport{};

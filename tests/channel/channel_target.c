@@ -176,7 +176,8 @@ static void* cond_thread(void* arg) {
   started(1);
   while (!stopping()) {
     const int r = pthread_cond_wait(&g_cond, &g_mu);
-    if (r == EINTR) count_eintr(K_COND);
+    if (r == EINTR)
+      count_eintr(K_COND);
     else if (r != 0) {
       errno = r;
       fail_call("pthread_cond_wait");
@@ -237,8 +238,8 @@ int main(int argc, char** argv) {
   }
   g_expected = channel_target_hot(g_seed);
 
-  void* (*const all[])(void*) = {epoll_thread, nanosleep_thread, poll_thread, read_thread, cond_thread,
-                                 compute_thread};
+  void* (*const all[])(void*) = {epoll_thread, nanosleep_thread, poll_thread,
+                                 read_thread,  cond_thread,      compute_thread};
   const int count = eintr_only ? 3 : 6;
   pthread_t threads[6];
   for (int i = 0; i < count; ++i) {
@@ -308,7 +309,8 @@ int main(int argc, char** argv) {
   const unsigned long wrong = __atomic_load_n(&g_wrong, __ATOMIC_ACQUIRE);
   const int compute_ok = eintr_only || (computed > 0 && wrong == 0);
   printf("eintr");
-  for (int k = 0; k < K_COUNT; ++k) printf(" %s=%lu", kNames[k], __atomic_load_n(&g_eintr[k], __ATOMIC_RELAXED));
+  for (int k = 0; k < K_COUNT; ++k)
+    printf(" %s=%lu", kNames[k], __atomic_load_n(&g_eintr[k], __ATOMIC_RELAXED));
   if (eintr_only)
     printf(" compute=none\n");
   else if (compute_ok)

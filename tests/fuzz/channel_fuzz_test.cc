@@ -494,7 +494,8 @@ TEST_F(ChannelFuzz, StormLeavesTheOtherSessionAlone) {
   EXPECT_EQ(tally.mismatches, 0) << "seed " << seed << "; the first ones:" << lines(tally.first_mismatches);
   ASSERT_TRUE(target_->alive()) << target_->how_it_ended();
   const int fds_after = settled_fds();
-  std::printf("channel fuzz: the target held %d descriptors before the storm, %d after\n", fds_before, fds_after);
+  std::printf("channel fuzz: the target held %d descriptors before the storm, %d after\n", fds_before,
+              fds_after);
   EXPECT_LE(fds_after, fds_before + 2)
       << "descriptors before the storm " << fds_before << ", after " << fds_after;
   expect_session_unchanged();
