@@ -39,6 +39,8 @@ import urllib.request
 
 CYCLES = 3
 SESSION_MS = 1000
+# The environment the program under test starts with (--channel socket).
+OPT_IN_ENV = {}
 SKIP = 77
 
 
@@ -85,8 +87,11 @@ class Programs:
     def start(self, name, argv, cwd=None, death_signal=signal.SIGKILL):
         # stderr into a file: a pipe nobody reads could fill and block it.
         err = open(os.path.join(self.tmp, name + ".stderr"), "w+b")
+        # --channel socket: the program under test (each case starts it
+        # first) opts in at launch; its load clients do not.
+        env = dict(os.environ, **OPT_IN_ENV) if OPT_IN_ENV and not self.procs else None
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, cwd=cwd,
-                             start_new_session=True, preexec_fn=die_with_this_test(death_signal))
+                             start_new_session=True, preexec_fn=die_with_this_test(death_signal), env=env)
         p.err_file = err
         self.procs.append(p)
         return p
@@ -300,12 +305,16 @@ def attach_cycles(args, pid, out_dir, alive):
     for i in range(CYCLES):
         what = "cycle %d" % (i + 1)
         start = time.monotonic()
+        channel = ["--channel", args.channel] if args.channel else []
         r = subprocess.run([args.remora, "attach", "-p", str(pid), "-d", str(SESSION_MS), "-e",
-                            "REMORA_OUTPUT_PATH=" + out_dir], capture_output=True, text=True, timeout=90)
+                            "REMORA_OUTPUT_PATH=" + out_dir] + channel, capture_output=True, text=True, timeout=90)
         took = time.monotonic() - start
         check(r.returncode == 0, "%s: remora attach exits 0" % what,
               "rc %d\nstdout:\n%s\nstderr:\n%s" % (r.returncode, r.stdout[-4000:], r.stderr[-4000:]))
         alive(what)
+        if args.channel == "socket":
+            check("attached through its socket channel" in r.stdout, "%s: attached through the socket channel" % what,
+                  r.stdout[-4000:])
         dirs = {int(p): d for p, d in re.findall(r"^==> pid (\d+): (\S+)$", r.stdout, re.M)}
         check(pid in dirs, "%s: remora names the output directory of pid %d" % (what, pid), r.stdout[-4000:])
         print("      %s: remora attach -d %d exited 0 after %.2f s, %d process(es)" % (what, SESSION_MS, took,
@@ -604,7 +613,12 @@ def main():
     ap.add_argument("--remora", required=True)
     ap.add_argument("--src", required=True, help="the directory of the servers (tests/real/servers)")
     ap.add_argument("--work", required=True, help="a build directory (the compiled Java class)")
+    ap.add_argument("--channel", choices=("socket",), help="the program opts in at launch (the agent preloaded, "
+                    "REMORA_TOOL_ATTACH=1) and is attached through its socket channel (no ptrace)")
+    ap.add_argument("--agent", help="libremora-agent.so, for --channel socket")
     args = ap.parse_args()
+    if args.channel:
+        OPT_IN_ENV.update(LD_PRELOAD=args.agent, REMORA_TOOL_ATTACH="1")
     tmp = tempfile.mkdtemp(prefix="remora-real-%s-" % args.program)
     programs = Programs(tmp)
     start = time.monotonic()
