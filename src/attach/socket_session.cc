@@ -121,13 +121,14 @@ Result<Channel> resolve_channel(pid_t pid, Channel asked, TargetUse use) {
   auto checked = check_target(pid, use);
   if (checked) {
     // The pre-check reads /proc only and lets some refusals through (a
-    // process that is not dumpable, an LSM): for a process that opted in,
-    // the kernel's own ptrace access rule is asked (opening /proc/PID/mem
-    // takes the ptrace attach check). A seize refused later still finds the
-    // socket (Controller::attach_one).
-    if (asked == Channel::kAuto && use != TargetUse::kRead) {
+    // process that is not dumpable, an LSM): the kernel's own ptrace access
+    // rule is asked (opening /proc/PID/mem takes the ptrace attach check;
+    // one open(), before the socket table of a busy host is read), and
+    // where it refuses, a process that opted in is served by its socket. A
+    // seize refused later still finds the socket (Controller::attach_one).
+    if (asked == Channel::kAuto && use != TargetUse::kRead && !ptrace_access_allowed(pid)) {
       auto ep = channel::find_endpoint(pid);
-      if (ep && *ep && !ptrace_access_allowed(pid)) {
+      if (ep && *ep) {
         REMORA_LOG(kAttach, "pid %d: ptrace access refused, the socket channel serves it", pid);
         return Channel::kSocket;
       }
