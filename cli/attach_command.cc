@@ -463,8 +463,8 @@ int run_attach(const AttachCommandOptions& asked) {
   const std::string about = "attach to process " + std::to_string(o.pid);
   auto channel = attach::parse_channel(o.channel);
   if (!channel) return fail(channel.error());
-  auto via =
-      attach::resolve_channel(o.pid, *channel, o.children ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+  auto via = attach::resolve_channel(o.pid, *channel,
+                                     o.children ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
   if (!via) return fail(std::move(via).error().with_context(about));
   // Through the socket: the process alone (its children have sockets of
   // their own, each attached with remora attach -p), nothing followed.

@@ -36,12 +36,13 @@ int run_detach(const DetachCommandOptions& o) {
   // The process itself first, as `remora call` and `remora attach` refuse it.
   auto channel = attach::parse_channel(o.channel);
   if (!channel) return fail(channel.error());
-  auto via = attach::resolve_channel(o.pid, *channel, o.tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
+  auto via = attach::resolve_channel(o.pid, *channel,
+                                     o.tree ? attach::TargetUse::kTree : attach::TargetUse::kProcess);
   if (!via) return fail(std::move(via).error().with_context("detach from process " + std::to_string(o.pid)));
   if (*via == attach::Channel::kSocket && o.tree)
-    return fail(Error(Errc::kNotSupported, "--tree reaches processes through ptrace, which process " +
-                                               std::to_string(o.pid) +
-                                               " refuses: detach each process of the tree with remora detach -p"));
+    return fail(Error(Errc::kNotSupported,
+                      "--tree reaches processes through ptrace, which process " + std::to_string(o.pid) +
+                          " refuses: detach each process of the tree with remora detach -p"));
   // Signals wait until the detach is over (see StopSignals).
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());

@@ -331,7 +331,7 @@ def test_attach_takes_attach_library_and_attach_children_by_position(library, ro
     assert e.value.name == "ROCATTACH_STATUS_ERROR_PTRACE_PROCESS_NOT_FOUND"
 
 
-def _opted_in_target(library, tmp_path):
+def _opted_in_target(library):
     """A process that opted in to the socket channel at launch (the agent
     preloaded, REMORA_TOOL_ATTACH=1), blocked on stdin, ready when returned."""
     agent = os.path.join(os.path.dirname(library), "libremora-agent.so")
@@ -339,13 +339,16 @@ def _opted_in_target(library, tmp_path):
     code = "import os, sys; print(os.getpid(), flush=True); sys.stdin.read()"
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     ready, _, _ = select.select([proc.stdout], [], [], 20)
-    assert ready, "the opted-in target did not start within 20 s"
+    if not ready:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise AssertionError("the opted-in target did not start within 20 s")
     pid = int(proc.stdout.readline())
     return proc, pid
 
 
-def test_socket_channel_attach_status_detach(library, hook_tool, hook_log, tmp_path):
-    proc, pid = _opted_in_target(library, tmp_path)
+def test_socket_channel_attach_status_detach(library, hook_tool, hook_log):
+    proc, pid = _opted_in_target(library)
     try:
         with remora.attached(pid, hook_tool, attach_children=False, env=log_env(hook_log), channel="socket"):
             st = remora.status(pid)

@@ -142,7 +142,8 @@ Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) 
   detail::ScopedTimerSlack slack;
   // What the process is, first (a zombie's pidfd already reads as exited,
   // which would otherwise make it "exited during the attach").
-  const auto via = REMORA_TRY(route(pid, opts.channel, TargetUse::kProcess, "attach to process " + std::to_string(pid)));
+  const auto via =
+      REMORA_TRY(route(pid, opts.channel, TargetUse::kProcess, "attach to process " + std::to_string(pid)));
   if (via == Channel::kSocket) return attach_socket(pid, opts);
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   UniqueFd pidfd(fd);
@@ -157,10 +158,7 @@ Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const Attach
   // opted in.
   if (!r && opts.channel == Channel::kAuto && r.error().code() == Errc::kPtraceDenied) {
     if (auto ep = channel::find_endpoint(pid); ep && *ep) return attach_socket(pid, opts);
-    Error hinted(Errc::kPtraceDenied, r.error().message() + "; or, " + channel::how_to_opt_in(),
-                 r.error().sys_errno());
-    for (const std::string& c : r.error().context()) hinted.with_context(c);
-    return hinted;
+    return channel::with_opt_in_hint(r.error());
   }
   // Whatever step failed, a process that is gone is reported as such: the
   // failing step (a read, a lookup) is only the symptom.

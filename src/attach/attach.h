@@ -248,8 +248,6 @@ class Controller {
   std::map<pid_t, std::shared_ptr<SocketSession>> socket_sessions_;
 };
 
-
-
 // The refusals about process `pid` itself, in the words `remora call` uses:
 // kInvalidArgument (pid <= 0, a thread id), kOwnProcess, kNoSuchProcess,
 // kZombie, kKernelThread, kTracedByOther (a tracer that stays past

@@ -190,9 +190,12 @@ Result<remora_channel_reply> read_reply(int sock, pid_t pid, int signo, Deadline
   remora_channel_reply reply{};
   auto* p = reinterpret_cast<char*>(&reply);
   size_t got = 0;
-  // Woken again each 100 ms while no byte came and no channel thread runs
-  // (a wake whose handler found no thread to start it on).
-  auto next_wake = Deadline::after(std::chrono::milliseconds(100));
+  // Woken again while no byte came and no channel thread runs (a wake whose
+  // handler found no thread to start it on): after 100 ms, then twice as
+  // long each time up to 1 s, so that a slow machine, where the thread is
+  // only starting, gets few extra signals (each one interrupts a thread).
+  auto wake_gap = std::chrono::milliseconds(100);
+  auto next_wake = Deadline::after(wake_gap);
   while (got < sizeof reply) {
     if (deadline.expired())
       return Error(Errc::kTimedOut,
@@ -210,7 +213,8 @@ Result<remora_channel_reply> read_reply(int sock, pid_t pid, int signo, Deadline
       if (got == 0 && next_wake.expired()) {
         bool sent = false;
         REMORA_TRY(wake(pid, signo, &sent));
-        next_wake = Deadline::after(std::chrono::milliseconds(100));
+        wake_gap = std::min(wake_gap * 2, std::chrono::milliseconds(1000));
+        next_wake = Deadline::after(wake_gap);
       }
       continue;
     }
@@ -368,6 +372,12 @@ Result<remora_channel_reply> call(pid_t pid, const Endpoint& given, const Reques
   bool sent = false;
   REMORA_TRY(wake(pid, ep.signo, &sent));
   return read_reply(sock.get(), pid, ep.signo, deadline);
+}
+
+Error with_opt_in_hint(const Error& refused) {
+  Error hinted(refused.code(), refused.message() + "; or, " + how_to_opt_in(), refused.sys_errno());
+  for (const std::string& c : refused.context()) hinted.with_context(c);
+  return hinted;
 }
 
 std::string how_to_opt_in() {

@@ -80,8 +80,10 @@ struct Request {
 // running, and returns the agent's reply.
 Result<remora_channel_reply> call(pid_t pid, const Endpoint& ep, const Request& req, Deadline deadline);
 
-// The error a ptrace refusal becomes when the process has no channel: the
-// way in without ptrace, said.
+// How a process opts in, said in a refusal.
 std::string how_to_opt_in();
+// A ptrace refusal of a process with no socket, the way in without ptrace
+// added to its message (code, errno and context kept).
+Error with_opt_in_hint(const Error& refused);
 
 }  // namespace remora::attach::channel

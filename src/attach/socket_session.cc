@@ -141,8 +141,7 @@ Result<Channel> resolve_channel(pid_t pid, Channel asked, TargetUse use) {
       REMORA_LOG(kAttach, "pid %d: ptrace refused, the socket channel serves it", pid);
       return Channel::kSocket;
     }
-    return Error(Errc::kPtraceDenied, checked.error().message() + "; or, " + channel::how_to_opt_in(),
-                 checked.error().sys_errno());
+    return channel::with_opt_in_hint(checked.error());
   }
   return std::move(checked).error();
 }

@@ -149,9 +149,10 @@ Result<attach::AttachOptions> convert(const remora_options_t* o) {
   if (o->agent_path) out.agent_path = o->agent_path;
   out.channel = REMORA_TRY(channel_of(o->channel, "remora_options_t"));
   if (out.channel == attach::Channel::kSocket && o->attach_children)
-    return Error(Errc::kInvalidArgument,
-                 "remora_options_t.attach_children with REMORA_CHANNEL_SOCKET: trees are walked through ptrace; "
-                 "attach each process of the tree through its own socket");
+    return Error(
+        Errc::kInvalidArgument,
+        "remora_options_t.attach_children with REMORA_CHANNEL_SOCKET: trees are walked through ptrace; "
+        "attach each process of the tree through its own socket");
   return out;
 }
 
@@ -285,7 +286,8 @@ REMORA_API remora_status_t remora_attach(pid_t pid, const remora_options_t* opts
     // process, before the tools: a zombie is refused as such, also with a
     // tool list that would not do.
     if (!opts || opts->size < kOptionsV1Size) return fail(convert(opts).error());
-    if (auto c = check_channel(pid, opts->attach_children, opts->channel); c != REMORA_STATUS_SUCCESS) return c;
+    if (auto c = check_channel(pid, opts->attach_children, opts->channel); c != REMORA_STATUS_SUCCESS)
+      return c;
     auto o = convert(opts);
     if (!o) return fail(o.error());
     if (opts->attach_children) return attach_tree(pid, *o);
@@ -414,8 +416,8 @@ REMORA_API remora_status_t remora_status(pid_t pid, remora_agent_state_t* state)
     full.agent_loaded = r->agent_loaded;
     full.attached = r->attached;
     full.lease_expired = r->lease_expired;
-    full.session_channel = static_cast<uint8_t>(r->session_channel == attach::Channel::kSocket ? REMORA_CHANNEL_SOCKET
-                                                                                              : REMORA_CHANNEL_PTRACE);
+    full.session_channel = static_cast<uint8_t>(
+        r->session_channel == attach::Channel::kSocket ? REMORA_CHANNEL_SOCKET : REMORA_CHANNEL_PTRACE);
     full.sessions = r->sessions;
     full.detaches = r->detaches;
     full.listener_tid = r->listener_tid;

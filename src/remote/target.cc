@@ -20,6 +20,7 @@
 #include <map>
 
 #include "arch/host.h"
+#include "arch/wake_rules.h"
 #include "base/deadline.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -444,6 +445,11 @@ Result<pid_t> Target::Impl::pick_thread() {
         auto sc = procfs::read_syscall(pid, tid);
         if (!sc || sc->running || sc->nr < 0) return 2;
         if (a::swaps_signal_mask(sc->nr) || a::never_restarted(sc->nr)) return 2;
+        // Waiting for a glibc lock (the futex word holds 2): it may hold
+        // another one, which the loader start's pthread_create could need.
+        if (sc->nr == arch::wake::numbers(arch::wake::kHostArch).futex &&
+            sc->args[2] == arch::wake::kGlibcLockWaitValue)
+          return 2;
         return 3;  // blocked in a plainly restartable call: the best victim
       }
       case 'R': return 1;
