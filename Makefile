@@ -26,7 +26,7 @@ DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbe
                 libdw-dev libelf-dev libprotobuf-dev protobuf-compiler python3-protobuf nlohmann-json3-dev \
                 zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light openjdk-17-jdk-headless \
                 qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross \
-                libstdc++-12-dev-arm64-cross
+                libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev
 # The aarch64 cross build's libraries, from Debian's arm64 architecture
 # (multiarch): apt must know arm64 for them, and for the guest's kernel and
 # busybox, which tests/aarch64/run_guest.py fetches with apt-get download.

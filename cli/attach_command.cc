@@ -30,6 +30,7 @@
 #include "cli/output_staging.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
+#include "cli/slurm_front.h"
 #include "procfs/procfs.h"
 
 extern char** environ;
@@ -54,6 +55,8 @@ struct AttachCommandOptions {
   bool unload = false;  // after the detach, unload the tools and the agent
   long timeout_ms = 10000;
   std::string channel = "auto";
+  std::string slurm;  // --slurm JOBID[.STEP]
+  long node_timeout_ms = 30000;
 };
 
 std::string tool_names(const std::vector<std::string>& paths) {
@@ -579,13 +582,39 @@ int run_attach(const AttachCommandOptions& asked) {
   return ended_session_exit_code(o, procs, exit_code);
 }
 
+slurm::FrontOptions slurm_options(const AttachCommandOptions& o) {
+  slurm::FrontOptions f;
+  f.job = o.slurm;
+  f.node.op = "attach";
+  f.node.tools = o.tools;
+  f.node.tools_given = o.tools_given;
+  f.node.env = o.env;
+  f.node.timeout_ms = o.timeout_ms;
+  f.node.channel = o.channel;
+  f.node.keep = o.keep;
+  f.node.unload = o.unload;
+  f.node.follow = o.follow;
+  f.duration_ms = o.duration_ms;
+  f.duration_given = o.duration_given;
+  f.node_timeout_ms = o.node_timeout_ms;
+  return f;
+}
+
 }  // namespace
 
 void add_attach_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<AttachCommandOptions>();
   CLI::App* sub =
       root.add_subcommand("attach", "Attach tools to a running process and its children for a while");
-  add_pid_option(sub, opts->pid, "Process to attach to (with its whole tree unless --attach-children=false)");
+  auto* pid = add_pid_option(sub, opts->pid,
+                             "Process to attach to (with its whole tree unless --attach-children=false)");
+  auto* slurm = add_slurm_option(sub, pid, opts->slurm,
+                                 "Every rank of this running Slurm job (JOBID or JOBID.STEP), on every node, "
+                                 "instead of -p: one merged profile");
+  sub->add_option("--node-timeout", opts->node_timeout_ms,
+                  "--slurm: give up a node that answers nothing for MSEC milliseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1000L, 3600L * 1000L));
   auto* tools =
       sub->add_option("-t,--tools", opts->tools,
                       "Tool libraries LIB[:LIB...] (default: libremora-tool.so next to the agent, or "
@@ -625,12 +654,18 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
       "  remora attach -p 4242 -t ./libmytool.so -e MYTOOL_LEVEL=2 --attach-children=false\n"
       "  remora attach -p 4242 --keep          # later: remora detach -p 4242 --tree\n"
       "  remora attach -p 4242 -d 5000 --unload  # leave nothing behind\n"
+      "  remora attach --slurm 1234 -d 10000    # every rank of Slurm job 1234, one merged profile\n"
       "\n" +
       exit_code_footer());
-  sub->callback([opts, tools, dur, &dispatch] {
+  sub->callback([opts, tools, dur, pid, slurm, &dispatch] {
+    require_pid_or_slurm(pid, slurm);
     opts->follow = !opts->no_follow;
     opts->tools_given = tools->count() > 0;
     opts->duration_given = dur->count() > 0;
+    if (slurm->count() > 0) {
+      dispatch.run = [opts] { return slurm::run_front(slurm_options(*opts)); };
+      return;
+    }
     dispatch.run = [opts] { return run_attach(*opts); };
   });
 }

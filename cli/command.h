@@ -38,6 +38,9 @@ void add_run_command(CLI::App& root, Dispatch& dispatch);
 // `remora events (-p PID | -- CMD [ARGS...]) [--follow] [--timeout MSEC]`
 void add_events_command(CLI::App& root, Dispatch& dispatch);
 
+// `remora slurm-node ...`: the node side of --slurm, started by srun (not in --help).
+void add_slurm_node_command(CLI::App& root, Dispatch& dispatch);
+
 // `remora report DIR... [-p PID]`
 void add_report_command(CLI::App& root, Dispatch& dispatch);
 // Prints "remora: error: <message>" to stderr (the one error format of the CLI).

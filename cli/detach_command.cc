@@ -14,6 +14,7 @@
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
+#include "cli/slurm_front.h"
 
 namespace remora::cli {
 namespace {
@@ -24,6 +25,7 @@ struct DetachCommandOptions {
   bool unload = false;
   long timeout_ms = 10000;
   std::string channel = "auto";
+  std::string slurm;  // --slurm JOBID[.STEP]
 };
 
 // What a process had attached, read before the detach (the agent forgets it).
@@ -118,7 +120,8 @@ int run_detach(const DetachCommandOptions& o) {
 void add_detach_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<DetachCommandOptions>();
   CLI::App* sub = root.add_subcommand("detach", "Detach the tools attached to a process (or its tree)");
-  add_pid_option(sub, opts->pid, "Process to detach from");
+  auto* pid = add_pid_option(sub, opts->pid, "Process to detach from");
+  auto* slurm = add_slurm_option(sub, pid, opts->slurm, "Detach every rank of this Slurm job (JOBID or JOBID.STEP) on every node, instead of -p (after attach --slurm --keep)");
   sub->add_flag("--tree", opts->tree, "Detach from every process of the tree under PID");
   sub->add_flag(
       "--unload", opts->unload,
@@ -133,7 +136,22 @@ void add_detach_command(CLI::App& root, Dispatch& dispatch) {
       "that cannot be unloaded is named in a warning and the rest is unloaded.\n"
       "\n" +
       exit_code_footer());
-  sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_detach(*opts); }; });
+  sub->callback([opts, pid, slurm, &dispatch] {
+    require_pid_or_slurm(pid, slurm);
+    if (slurm->count() == 0) {
+      dispatch.run = [opts] { return run_detach(*opts); };
+      return;
+    }
+    dispatch.run = [opts] {
+      slurm::FrontOptions f;
+      f.job = opts->slurm;
+      f.node.op = "detach";
+      f.node.timeout_ms = opts->timeout_ms;
+      f.node.channel = opts->channel;
+      f.node.unload = opts->unload;
+      return slurm::run_front(f);
+    };
+  });
 }
 
 }  // namespace remora::cli

@@ -27,6 +27,7 @@ enum class ExitCode : int {
   kRefused = 11,       // the target refuses tools (REMORA_TOOL_ATTACH=0)
   kToolFailed = 12,    // a tool is not attachable, failed to load, or a callback failed
   kSessionState = 13,  // detach without attached tools, or attach while attached
+  kPartial = 14,       // --slurm: the job was reached in part (some nodes or ranks failed; each is named)
 };
 
 // The exit code for an error of code `code`.

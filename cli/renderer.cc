@@ -13,7 +13,9 @@ namespace {
 
 struct Plugin {
   remora_render_session_fn render = nullptr;
-  std::string problem;  // why it is not there
+  remora_merge_job_fn merge = nullptr;
+  std::string problem;        // why it is not there
+  std::string merge_problem;  // why it cannot merge (a renderer of an older remora)
 };
 
 const Plugin& plugin() {
@@ -42,6 +44,11 @@ const Plugin& plugin() {
     if (p.render == nullptr)
       p.problem = path + " is not this remora's renderer (no " REMORA_RENDER_SESSION_SYMBOL
                          "): install the libremora-render.so of the same version";
+    p.merge = reinterpret_cast<remora_merge_job_fn>(::dlsym(h, REMORA_MERGE_JOB_SYMBOL));
+    if (p.merge == nullptr)
+      p.merge_problem = path +
+                        " cannot merge a job's ranks (no " REMORA_MERGE_JOB_SYMBOL
+                        "): it is an older remora's; install the libremora-render.so of the same version";
   });
   return p;
 }
@@ -54,6 +61,17 @@ Result<void> render_session(const std::string& dir, pid_t pid) {
   remora_render_request_v1 request{sizeof request, pid, dir.c_str()};
   char err[4096] = "";
   int rc = p.render(&request, err, sizeof err);
+  if (rc == 0) return {};
+  return Error(static_cast<Errc>(rc), err);
+}
+
+Result<void> merge_job(const std::string& job_dir) {
+  const Plugin& p = plugin();
+  if (!p.problem.empty()) return Error(Errc::kNotSupported, p.problem);
+  if (p.merge == nullptr) return Error(Errc::kNotSupported, p.merge_problem);
+  remora_merge_request_v1 request{sizeof request, job_dir.c_str()};
+  char err[4096] = "";
+  int rc = p.merge(&request, err, sizeof err);
   if (rc == 0) return {};
   return Error(static_cast<Errc>(rc), err);
 }

@@ -14,6 +14,7 @@
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
+#include "cli/slurm_front.h"
 #include "procfs/procfs.h"
 
 namespace remora::cli {
@@ -23,6 +24,7 @@ struct StatusCommandOptions {
   pid_t pid = 0;
   bool tree = false;
   std::string channel = "auto";
+  std::string slurm;  // --slurm JOBID[.STEP]
 };
 
 // "4242 (remora)" while the holder lives; "expired" once it died and the
@@ -108,7 +110,8 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<StatusCommandOptions>();
   CLI::App* sub =
       root.add_subcommand("status", "Show the agent's state in a process (or its tree); stops nothing");
-  add_pid_option(sub, opts->pid, "Process to inspect");
+  auto* pid = add_pid_option(sub, opts->pid, "Process to inspect");
+  auto* slurm = add_slurm_option(sub, pid, opts->slurm, "The agent state of every rank of this Slurm job (JOBID or JOBID.STEP), on every node, instead of -p");
   sub->add_flag("--tree", opts->tree, "One line for each process of the tree under PID");
   add_channel_option(sub, opts->channel);
   sub->footer(
@@ -121,7 +124,20 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
       "cannot be read (not dumpable) is read through that socket.\n"
       "\n" +
       exit_code_footer());
-  sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_status(*opts); }; });
+  sub->callback([opts, pid, slurm, &dispatch] {
+    require_pid_or_slurm(pid, slurm);
+    if (slurm->count() == 0) {
+      dispatch.run = [opts] { return run_status(*opts); };
+      return;
+    }
+    dispatch.run = [opts] {
+      slurm::FrontOptions f;
+      f.job = opts->slurm;
+      f.node.op = "status";
+      f.node.channel = opts->channel;
+      return slurm::run_front(f);
+    };
+  });
 }
 
 }  // namespace remora::cli

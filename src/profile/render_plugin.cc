@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "profile/merge.h"
 #include "profile/report.h"
 
 #define REMORA_RENDER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -18,5 +19,17 @@ REMORA_RENDER_EXPORT int remora_render_session_v1(const remora_render_request_v1
   auto r = remora::profile::render_session(request->dir, options);
   if (r) return 0;
   if (err_len > 0) std::snprintf(err, err_len, "%s", r.error().message().c_str());
+  return static_cast<int>(r.error().code());
+}
+
+REMORA_RENDER_EXPORT int remora_merge_job_v1(const remora_merge_request_v1* request, char* err,
+                                             size_t err_len) {
+  if (request == nullptr || request->size < sizeof(remora_merge_request_v1) || request->job_dir == nullptr) {
+    if (err_len > 0) std::snprintf(err, err_len, "bad merge request");
+    return static_cast<int>(remora::Errc::kInvalidArgument);
+  }
+  auto r = remora::profile::merge_job(request->job_dir);
+  if (r) return 0;
+  if (err_len > 0) std::snprintf(err, err_len, "%s", r.error().to_string().c_str());
   return static_cast<int>(r.error().code());
 }

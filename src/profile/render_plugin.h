@@ -14,6 +14,7 @@
 
 #define REMORA_RENDER_PLUGIN_NAME "libremora-render.so"
 #define REMORA_RENDER_SESSION_SYMBOL "remora_render_session_v1"
+#define REMORA_MERGE_JOB_SYMBOL "remora_merge_job_v1"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,6 +30,19 @@ struct remora_render_request_v1 {
 // the failure with its message in err (NUL-terminated, cut to err_len).
 typedef int (*remora_render_session_fn)(const struct remora_render_request_v1* request, char* err,
                                         size_t err_len);
+
+struct remora_merge_request_v1 {
+  uint32_t size;        // sizeof(struct remora_merge_request_v1)
+  const char* job_dir;  // the job's directory (holds job.json)
+};
+
+// Merges the rendered sessions of a job's ranks into one profile in its
+// directory (profile::merge_job, profile/merge.h); the merged summary.txt
+// there says what was merged and what was left out. Returns 0, or the Errc
+// of the failure with its message in err (NUL-terminated, cut to err_len).
+// Any thread may call it, not twice at once for one directory. A plugin
+// older than the merge lacks the symbol.
+typedef int (*remora_merge_job_fn)(const struct remora_merge_request_v1* request, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }
