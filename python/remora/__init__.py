@@ -34,11 +34,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Callable, Union
 
-from . import _capi
+from . import _capi, _slurm
 from ._capi import EXIT_CODES, RemoraError, Status, exit_code_for
+from ._slurm import SlurmJobResult
 
 __all__ = [
     "attach",
+    "SlurmJobResult",
     "attached",
     "detach",
     "status",
@@ -401,13 +403,14 @@ def _wait(stop: _Stop, duration_msec: float | None) -> str:
 
 @_takes_attach_options(positional=("attach_library", "attach_children", "env"))
 def attach(
-    pid: int,
+    pid: int | None = None,
     attach_tool_library: Tools = None,
     attach_duration_msec: float | None = None,
     *,
     options: _AttachOptions,
     on_attached: Callable[[Session], None] | None = None,
-) -> str:
+    slurm_job: str | int | None = None,
+) -> str | SlurmJobResult:
     """Attaches tools to process `pid`, waits, then detaches them.
 
     pid: the process (as this process sees it).
@@ -436,17 +439,46 @@ def attach(
         only; a tool that cannot be unloaded stays, named in the Session's
         kept_tools).
     on_attached: called with the Session once attached, before waiting.
+    slurm_job: instead of pid, every rank of this running Slurm job
+        ("JOBID" or "JOBID.STEP") on every node, with its children, through
+        the remora command (`remora attach --slurm`, which starts remora on
+        each node with srun; docs/cli.md). Takes tools, duration, env,
+        timeout_msec, channel and unload; returns a SlurmJobResult (the
+        merged profile's directory, and whether some nodes or ranks failed)
+        and raises RemoraError when nothing of the job was attached.
 
     Returns why the wait ended: "duration", "enter" or "signal". Raises
     RemoraError when the attach or the detach fails.
     """
     if attach_duration_msec is not None and not attach_duration_msec >= 0:
         raise _capi.invalid_argument(f"attach_duration_msec {attach_duration_msec} is negative")
+    if (pid is None) == (slurm_job is None):
+        raise TypeError("attach() takes a pid or a slurm_job (one of them)")
+    if slurm_job is not None:
+        return _attach_slurm_job(str(slurm_job), attach_tool_library, attach_duration_msec, options, on_attached)
     with _Stop() as stop:
         with attached(pid, attach_tool_library, **options.keywords()) as session:
             if on_attached is not None:
                 on_attached(session)
             return _wait(stop, attach_duration_msec)
+
+
+def _attach_slurm_job(job, tools, duration, options: _AttachOptions, on_attached) -> SlurmJobResult:
+    """attach(slurm_job=...): the options a job can take, refused otherwise."""
+    refused = {
+        "attach_children=False": not options.attach_children,
+        "lease=False": not options.lease,
+        "agent_path": options.agent_path is not None,
+        "on_attached": on_attached is not None,
+        "forward_environment=False": not options.forward_environment,
+    }
+    for what, given in refused.items():
+        if given:
+            raise _capi.invalid_argument(f"{what} does not apply to slurm_job (each node's remora attaches its "
+                                         "ranks with their children, under a lease)")
+    argv = _slurm.command_line(job, tools, duration, env=options.env, timeout_msec=options.timeout_msec,
+                               channel=options.channel, unload=options.unload, library=options.attach_library)
+    return _slurm.attach_job(argv, job)
 
 
 def detach(

@@ -20,6 +20,7 @@ ENV_FALLBACKS = [
     ("-d/--attach-duration-msec", "ROCPROF_ATTACH_DURATION"),
     ("--attach-library", "ROCPROF_ATTACH_LIBRARY"),
     ("--attach-children", "ROCPROF_ATTACH_CHILDREN"),
+    ("--slurm-job", "ROCPROF_ATTACH_SLURM_JOB"),
 ]
 
 _TRUE = ("true", "yes", "1", "on")
@@ -159,6 +160,14 @@ def build_parser(prog: str = "rocprof-attach") -> argparse.ArgumentParser:
             "env ROCPROF_ATTACH_CHILDREN)"
         ),
     )
+    p.add_argument(
+        "--slurm-job",
+        metavar="JOB",
+        help=(
+            "instead of -p: every rank of this running Slurm job (JOBID or JOBID.STEP) on every node, "
+            "one merged profile (runs remora attach --slurm; env ROCPROF_ATTACH_SLURM_JOB)"
+        ),
+    )
     from . import __version__
 
     p.add_argument("--version", action="version", version=f"%(prog)s (Remora {__version__})")
@@ -179,6 +188,7 @@ def _from_env(args: argparse.Namespace, environ) -> None:
         ("attach_duration_msec", "ROCPROF_ATTACH_DURATION", parse_msec),
         ("attach_library", "ROCPROF_ATTACH_LIBRARY", str),
         ("attach_children", "ROCPROF_ATTACH_CHILDREN", parse_bool),
+        ("slurm_job", "ROCPROF_ATTACH_SLURM_JOB", str),
     ):
         if getattr(args, dest) is not None:
             continue
@@ -201,8 +211,22 @@ def main(argv: list[str] | None = None, prog: str = "rocprof-attach", environ=No
         _from_env(args, environ)
     except UsageError as e:
         parser.error(str(e))
+    if args.slurm_job is not None:
+        if args.pid is not None:
+            parser.error("give -p PID or --slurm-job JOB, not both")
+        try:
+            result = attach(
+                slurm_job=args.slurm_job,
+                attach_tool_library=args.attach_tool_library,
+                attach_duration_msec=args.attach_duration_msec,
+                attach_library=args.attach_library,
+            )
+        except RemoraError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+            return e.exit_code
+        return 14 if result.partial else EXIT_OK
     if args.pid is None:
-        parser.error("no process: give -p PID (or set ROCPROF_ATTACH_PID)")
+        parser.error("no process: give -p PID (or set ROCPROF_ATTACH_PID), or --slurm-job JOB")
 
     def say(text: str) -> None:
         print(f"{prog}: {text}", file=sys.stderr, flush=True)

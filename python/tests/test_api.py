@@ -285,11 +285,13 @@ _OPTIONS = (
     "forward_environment: 'bool' = True, unload: 'bool' = False, channel: 'str' = 'auto'"
 )
 _SIGNATURES = {
-    "attach": "(pid: 'int', attach_tool_library: 'Tools' = None, attach_duration_msec: 'float | None' = None, "
+    "attach": "(pid: 'int | None' = None, attach_tool_library: 'Tools' = None, "
+    "attach_duration_msec: 'float | None' = None, "
     "attach_library: 'PathLike | None' = None, attach_children: 'bool' = True, env: 'Env' = None, *, "
     "lease: 'bool' = True, timeout_msec: 'int | None' = None, agent_path: 'PathLike | None' = None, "
     "forward_environment: 'bool' = True, unload: 'bool' = False, channel: 'str' = 'auto', "
-    "on_attached: 'Callable[[Session], None] | None' = None) -> 'str'",
+    "on_attached: 'Callable[[Session], None] | None' = None, slurm_job: 'str | int | None' = None) "
+    "-> 'str | SlurmJobResult'",
     "attached": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS}) -> 'Session'",
     "Session": f"(pid: 'int', attach_tool_library: 'Tools' = None, *, {_OPTIONS})",
 }
@@ -313,7 +315,8 @@ def test_calls_that_do_not_fit_the_signature_raise_type_error():
         lambda: remora.attached(1, "tool.so", None),  # attach_library is keyword-only here
         lambda: remora.Session(1, "tool.so", options=None),  # the internal parameter is not public
         lambda: remora.attach(1, "tool.so", 0, None, True, None, True),  # lease is keyword-only
-        lambda: remora.attach(attach_tool_library="tool.so"),  # pid is required
+        lambda: remora.attach(attach_tool_library="tool.so"),  # pid (or slurm_job) is required
+        lambda: remora.attach(1, slurm_job="12"),  # not both
         lambda: remora.attach(1, "tool.so", 0, None, attach_library=None),  # attach_library twice
     ):
         with pytest.raises(TypeError):

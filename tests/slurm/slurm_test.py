@@ -186,6 +186,10 @@ def test_mpi_job_attach_and_merged_profile():
     manifest = json.load(open(os.path.join(job_dir, "job.json")))
     check(all(n["transport"] == "shared" for n in manifest["nodes"]), "the nodes wrote into the job directory "
           "(shared)", str(manifest["nodes"]))
+    os.unlink(os.path.join(job_dir, "folded.txt"))
+    r = run.remora("report", job_dir)
+    check(r.returncode == 0 and "rank_work_3" in r.stdout and os.path.exists(os.path.join(job_dir, "folded.txt")),
+          "remora report JOBDIR merges the ranks again", r.stdout + r.stderr)
     run.finish()
 
 
@@ -295,8 +299,35 @@ def test_refusals():
     run.finish(expect_ok=False)
 
 
+def test_python_and_rocprof_attach():
+    """remora.attach(slurm_job=...) and rocprof-attach --slurm-job: the same job attach from Python."""
+    run = Run(standalone=True, ranks_per_node=1)
+    python_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
+    env = run.env(PYTHONPATH=python_dir, REMORA_CLI=ARGS.remora)
+    code = ("import remora, sys\n"
+            "r = remora.attach(slurm_job=sys.argv[1], attach_duration_msec=800)\n"
+            "print('RESULT', r.partial, r.job_dir)\n")
+    r = subprocess.run([sys.executable, "-c", code, run.job.id], env=env, cwd=run.dir, capture_output=True,
+                       text=True, timeout=STEP * 2)
+    m = re.search(r"^RESULT False (\S+)$", r.stdout, re.M)
+    check(r.returncode == 0 and m and os.path.exists(os.path.join(m.group(1), "folded.txt")),
+          "remora.attach(slurm_job=J) returns the merged profile's directory", r.stdout + r.stderr)
+    check_merged_profile(run, m.group(1), rank_map(run))
+    r = subprocess.run([sys.executable, "-c", "import remora; remora.attach(slurm_job='999999')"], env=env,
+                       cwd=run.dir, capture_output=True, text=True, timeout=STEP)
+    check(r.returncode != 0 and "RemoraError" in r.stderr and "Slurm has no job 999999" in r.stderr,
+          "a job that does not exist raises RemoraError", r.stdout + r.stderr)
+    rocprof = os.path.join(python_dir, "rocprof-attach")
+    r = subprocess.run([sys.executable, rocprof, "--slurm-job", run.job.id, "-d", "500"], env=env, cwd=run.dir,
+                       capture_output=True, text=True, timeout=STEP * 2)
+    check(r.returncode == 0 and "Attached to 2 processes on 2 nodes" in r.stdout,
+          "rocprof-attach --slurm-job J attaches the job", r.stdout + r.stderr)
+    check(not run.attached_pids(), "nothing stays attached")
+    run.finish()
+
+
 TESTS = [test_refusals, test_mpi_job_attach_and_merged_profile, test_keep_status_detach_through_the_stream,
-         test_stopped_slurmd_and_killed_rank, test_controller_killed_leases_detach]
+         test_stopped_slurmd_and_killed_rank, test_controller_killed_leases_detach, test_python_and_rocprof_attach]
 
 
 def main():
