@@ -42,7 +42,8 @@ inline CLI::Option* add_channel_option(CLI::App* sub, std::string& channel) {
 // --slurm JOBID[.STEP]: the command for every rank of a running Slurm job,
 // on every node (slurm_front.h), instead of -p. -p is then optional; the
 // subcommand's callback calls require_pid_or_slurm.
-inline CLI::Option* add_slurm_option(CLI::App* sub, CLI::Option* pid, std::string& job, const std::string& help) {
+inline CLI::Option* add_slurm_option(CLI::App* sub, CLI::Option* pid, std::string& job,
+                                     const std::string& help) {
   pid->required(false);
   return sub->add_option("--slurm", job, help)->excludes(pid);
 }

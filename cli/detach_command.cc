@@ -121,7 +121,9 @@ void add_detach_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<DetachCommandOptions>();
   CLI::App* sub = root.add_subcommand("detach", "Detach the tools attached to a process (or its tree)");
   auto* pid = add_pid_option(sub, opts->pid, "Process to detach from");
-  auto* slurm = add_slurm_option(sub, pid, opts->slurm, "Detach every rank of this Slurm job (JOBID or JOBID.STEP) on every node, instead of -p (after attach --slurm --keep)");
+  auto* slurm = add_slurm_option(sub, pid, opts->slurm,
+                                 "Detach every rank of this Slurm job (JOBID or JOBID.STEP) on every node, "
+                                 "instead of -p (after attach --slurm --keep)");
   sub->add_flag("--tree", opts->tree, "Detach from every process of the tree under PID");
   sub->add_flag(
       "--unload", opts->unload,

@@ -53,7 +53,8 @@ constexpr std::array kTable = {
     ExitCodeDoc{ExitCode::kRefused, "the target refuses tools (REMORA_TOOL_ATTACH=0)"},
     ExitCodeDoc{ExitCode::kToolFailed, "a tool is not attachable, failed to load, or a callback failed"},
     ExitCodeDoc{ExitCode::kSessionState, "not attached (detach), or already attached (attach)"},
-    ExitCodeDoc{ExitCode::kPartial, "--slurm: part of the job was reached; the nodes or ranks that failed are named"},
+    ExitCodeDoc{ExitCode::kPartial,
+                "--slurm: part of the job was reached; the nodes or ranks that failed are named"},
 };
 }  // namespace
 

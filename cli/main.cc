@@ -50,10 +50,11 @@ int main(int argc, char** argv) {
     const char* name;
     void (*add)(CLI::App&, Dispatch&);
   };
-  static constexpr Command kCommands[] = {{"call", add_call_command},     {"attach", add_attach_command},
-                                          {"detach", add_detach_command}, {"status", add_status_command},
-                                          {"run", add_run_command},       {"events", add_events_command},
-                                          {"report", add_report_command},     {"slurm-node", add_slurm_node_command}};
+  static constexpr Command kCommands[] = {
+      {"call", add_call_command},     {"attach", add_attach_command},
+      {"detach", add_detach_command}, {"status", add_status_command},
+      {"run", add_run_command},       {"events", add_events_command},
+      {"report", add_report_command}, {"slurm-node", add_slurm_node_command}};
   Dispatch dispatch;
   const std::string_view asked = argc > 1 ? argv[1] : "";
   const bool known = std::any_of(std::begin(kCommands), std::end(kCommands),

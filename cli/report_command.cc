@@ -67,9 +67,10 @@ void add_report_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<ReportCommandOptions>();
   CLI::App* sub = root.add_subcommand(
       "report", "Render a default-tool session's outputs (again) from the raw records in its directory");
-  sub->add_option("DIR", opts->dirs,
-                  "Session directories (each holds profile.remora), or job directories of remora attach --slurm "
-                  "(job.json: the ranks are merged again)")
+  sub->add_option(
+         "DIR", opts->dirs,
+         "Session directories (each holds profile.remora), or job directories of remora attach --slurm "
+         "(job.json: the ranks are merged again)")
       ->required();
   sub->add_option("-p,--pid", opts->pid,
                   "The process as this machine sees it, while it lives (default: the pid in the records)");

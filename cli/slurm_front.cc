@@ -20,10 +20,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/exit_codes.h"
@@ -100,13 +101,15 @@ Result<JobInfo> resolve_job(const JobSpec& spec) {
   }
   if (info->state != "RUNNING")
     return Error(Errc::kNoSuchProcess, "job " + spec.job + " is " + info->state +
-                                           ", not RUNNING: no rank of it runs now (squeue -j " + spec.job + ")");
+                                           ", not RUNNING: no rank of it runs now (squeue -j " + spec.job +
+                                           ")");
   const uid_t me = ::getuid();
   if (me != 0 && info->uid != me)
     return Error(Errc::kPtraceDenied,
                  "job " + spec.job + " belongs to " + info->user + " (uid " + std::to_string(info->uid) +
                      "), and remora runs as uid " + std::to_string(me) +
-                     ": only the job's owner or root may attach to its ranks (run remora as " + info->user + ")");
+                     ": only the job's owner or root may attach to its ranks (run remora as " + info->user +
+                     ")");
   return info;
 }
 
@@ -151,8 +154,9 @@ Result<std::string> make_job_dir(const JobSpec& spec, std::string* token) {
   const std::string root = output_root();
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
-  if (ec) return Error(Errc::kIo, "cannot create the output directory " + root + ": " + ec.message() +
-                                      " (set REMORA_OUTPUT_PATH to a writable directory)");
+  if (ec)
+    return Error(Errc::kIo, "cannot create the output directory " + root + ": " + ec.message() +
+                                " (set REMORA_OUTPUT_PATH to a writable directory)");
   char stamp[32];
   std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
@@ -188,9 +192,16 @@ std::string remora_exe() {
 }
 
 std::vector<std::string> srun_argv(const Front& f, const std::string& node) {
-  std::vector<std::string> a = {"srun",        "--jobid=" + f.spec.job, "--overlap",   "--nodes=1",
-                                "--ntasks=1",  "--nodelist=" + node,    "--unbuffered", "--quiet",
-                                "--job-name=remora-" + f.o.node.op,     "--kill-on-bad-exit=0"};
+  std::vector<std::string> a = {"srun",
+                                "--jobid=" + f.spec.job,
+                                "--overlap",
+                                "--nodes=1",
+                                "--ntasks=1",
+                                "--nodelist=" + node,
+                                "--unbuffered",
+                                "--quiet",
+                                "--job-name=remora-" + f.o.node.op,
+                                "--kill-on-bad-exit=0"};
   auto node_args = node_argv(remora_exe(), f.o.node);
   a.insert(a.end(), node_args.begin(), node_args.end());
   return a;
@@ -251,8 +262,9 @@ void on_proc(Front& f, Link& l, const json& ev) {
   r.gone = ev.value("gone", false);
   r.code = ev.value("code", 0);
   r.result = ev.value("result", "");
-  std::printf("  %-10s %-5s %-8d %-16s %s\n", l.node.c_str(), r.rank >= 0 ? std::to_string(r.rank).c_str() : "-",
-              static_cast<int>(r.pid), r.comm.c_str(), r.result.c_str());
+  std::printf("  %-10s %-5s %-8d %-16s %s\n", l.node.c_str(),
+              r.rank >= 0 ? std::to_string(r.rank).c_str() : "-", static_cast<int>(r.pid), r.comm.c_str(),
+              r.result.c_str());
   f.ranks.push_back(std::move(r));
 }
 
@@ -272,11 +284,13 @@ void on_status(Front& f, Link& l, const json& ev) {
   } else if (!ev.value("agent", false)) {
     state = "no agent";
   } else {
-    state = ev.value("attached", false) ? "attached (" + ev.value("tools", "") + ", through " +
-                                              ev.value("channel", "") + ")"
-                                        : "agent loaded, not attached";
-    if (ev.value("lease_expired", false)) state += ", lease expired";
-    else if (int holder = ev.value("lease_pid", 0)) state += ", lease held by pid " + std::to_string(holder);
+    state = ev.value("attached", false)
+                ? "attached (" + ev.value("tools", "") + ", through " + ev.value("channel", "") + ")"
+                : "agent loaded, not attached";
+    if (ev.value("lease_expired", false))
+      state += ", lease expired";
+    else if (int holder = ev.value("lease_pid", 0))
+      state += ", lease held by pid " + std::to_string(holder);
   }
   std::printf("  %-10s %-5s %-8d %-16s %s\n", l.node.c_str(), rank >= 0 ? std::to_string(rank).c_str() : "-",
               ev.value("pid", 0), ev.value("comm", "?").c_str(), state.c_str());
@@ -392,8 +406,8 @@ std::optional<int> pump(Front& f, StopSignals* signals, const std::function<bool
       // Starting and the clock: srun and the node side alone. Attaching or
       // detaching a rank may take its --timeout.
       const bool busy = l.state == Link::State::kWorking || l.state == Link::State::kDetaching;
-      const auto quiet_limit =
-          std::chrono::milliseconds(busy ? std::max(f.o.node_timeout_ms, f.o.node.timeout_ms + 5000) : f.o.node_timeout_ms);
+      const auto quiet_limit = std::chrono::milliseconds(
+          busy ? std::max(f.o.node_timeout_ms, f.o.node.timeout_ms + 5000) : f.o.node_timeout_ms);
       if (l.waiting_for_answer() && now - l.last_heard > quiet_limit)
         fail_link(l, "no answer from node " + l.node + " for " + std::to_string(quiet_limit.count() / 1000) +
                          " s (its slurmd may be down or stopped: scontrol show node " + l.node + ")" +
@@ -415,8 +429,10 @@ std::optional<int> pump(Front& f, StopSignals* signals, const std::function<bool
     ::poll(fds.data(), fds.size(), timeout);
     for (size_t i = 0; i < who.size(); ++i) {
       if (!fds[i].revents) continue;
-      if (who[i].second) read_link_output(f, *who[i].first);
-      else read_link_errors(*who[i].first);
+      if (who[i].second)
+        read_link_output(f, *who[i].first);
+      else
+        read_link_errors(*who[i].first);
     }
     for (auto& l : f.links) check_link_end(l);
     if (signals && fds.back().revents)
@@ -483,7 +499,8 @@ void print_rank_header() {
 }
 
 size_t attached_count(const Front& f) {
-  return static_cast<size_t>(std::count_if(f.ranks.begin(), f.ranks.end(), [](const RankRecord& r) { return r.ok; }));
+  return static_cast<size_t>(
+      std::count_if(f.ranks.begin(), f.ranks.end(), [](const RankRecord& r) { return r.ok; }));
 }
 
 // "4 ranks on 2 nodes (n1: 2, n2: 2)"
@@ -503,7 +520,8 @@ std::string attached_summary(const Front& f) {
 
 void print_failures(const Front& f) {
   for (const auto& l : f.links)
-    if (l.state == Link::State::kFailed) std::printf("  node %s failed: %s\n", l.node.c_str(), l.failure.c_str());
+    if (l.state == Link::State::kFailed)
+      std::printf("  node %s failed: %s\n", l.node.c_str(), l.failure.c_str());
   for (const auto& w : f.warnings) std::printf("  warning: %s\n", w.c_str());
   std::fflush(stdout);
 }
@@ -522,7 +540,8 @@ int exit_code_of(const Front& f) {
     }
     if (r.signaled) failed = true;
   }
-  const bool any = f.o.node.op == "status" ? !f.ranks.empty() : attached_count(f) > 0 || f.o.node.op == "detach";
+  const bool any =
+      f.o.node.op == "status" ? !f.ranks.empty() : attached_count(f) > 0 || f.o.node.op == "detach";
   if (!failed) return any ? 0 : to_int(ExitCode::kNoTarget);
   if (any && !f.ranks.empty()) return to_int(ExitCode::kPartial);
   return first ? first : to_int(ExitCode::kNoTarget);
@@ -602,7 +621,8 @@ void finish_outputs(Front& f) {
 }
 
 bool no_node_in_session(const Front& f) {
-  return std::none_of(f.links.begin(), f.links.end(), [](const Link& l) { return l.state == Link::State::kAttached; });
+  return std::none_of(f.links.begin(), f.links.end(),
+                      [](const Link& l) { return l.state == Link::State::kAttached; });
 }
 
 // The window: until -d passes, Enter (on our terminal), a stop signal, or
@@ -631,7 +651,8 @@ void hold_window(Front& f, StopSignals& signals) {
     }
     auto slice = std::chrono::steady_clock::now() + 250ms;
     if (end) slice = std::min(slice, *end);
-    if (auto s = pump(f, &signals, [&] { return no_node_in_session(f); }, slice))
+    if (auto s = pump(
+            f, &signals, [&] { return no_node_in_session(f); }, slice))
       return stop(std::string("Got SIG") + sigabbrev_np(*s) + ": detaching.");
     if (no_node_in_session(f)) return stop("No node has a session left (its ranks exited, or it failed).");
     if (end && std::chrono::steady_clock::now() >= *end)
@@ -676,7 +697,8 @@ int attach_job(Front& f, StopSignals& signals) {
   stop_links(f);
   size_t detached = 0;
   for (const auto& r : f.ranks) {
-    if (r.detach == "detached" || r.detach.rfind("unloaded", 0) == 0) ++detached;
+    if (r.detach == "detached" || r.detach.rfind("unloaded", 0) == 0)
+      ++detached;
     else if (r.ok && !r.detach.empty() && r.end.empty())
       std::printf("  detach failed for %s: %s\n", who(r).c_str(), r.detach.c_str());
   }
@@ -754,7 +776,9 @@ int run_front(const FrontOptions& asked) {
   if (const char* t = std::getenv("REMORA_SLURM_FRONT_TIMEOUT"); t && std::atol(t) >= 1000)
     f.o.node.front_timeout_ms = std::atol(t);
   std::printf("%s job %s (%s, user %s) on %s: %s...\n",
-              f.o.node.op == "attach" ? "Attaching to" : f.o.node.op == "detach" ? "Detaching from" : "Status of",
+              f.o.node.op == "attach"   ? "Attaching to"
+              : f.o.node.op == "detach" ? "Detaching from"
+                                        : "Status of",
               f.spec.text().c_str(), f.info.name.c_str(), f.info.user.c_str(),
               count_noun(nodes->size(), "node", "nodes").c_str(), f.info.node_list.c_str());
   std::fflush(stdout);

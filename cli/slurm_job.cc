@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+
 #include <nlohmann/json.hpp>
 
 namespace remora::cli::slurm {
@@ -87,8 +88,9 @@ Result<JobSpec> parse_job_spec(std::string_view text) {
 
 Result<JobInfo> parse_show_job(std::string_view text, const std::string& job) {
   if (text.find("Invalid job id") != std::string_view::npos)
-    return Error(Errc::kNoSuchProcess, "Slurm has no job " + job + " (scontrol: invalid job id); squeue lists "
-                                       "the running ones");
+    return Error(Errc::kNoSuchProcess, "Slurm has no job " + job +
+                                           " (scontrol: invalid job id); squeue lists "
+                                           "the running ones");
   JobInfo j;
   j.id = field(text, "JobId");
   if (j.id.empty()) return Error(Errc::kParse, "scontrol show job " + job + " printed no job record");
@@ -115,7 +117,8 @@ std::vector<ListedPid> parse_listpids(std::string_view text) {
   size_t start = 0;
   while (start < text.size()) {
     size_t nl = text.find('\n', start);
-    std::string_view line = text.substr(start, nl == std::string_view::npos ? text.size() - start : nl - start);
+    std::string_view line =
+        text.substr(start, nl == std::string_view::npos ? text.size() - start : nl - start);
     start = nl == std::string_view::npos ? text.size() : nl + 1;
     auto w = words(line);
     if (w.size() != 5) continue;  // the header, blank lines
@@ -164,11 +167,16 @@ RankIdentity rank_from_environ(std::string_view block) {
     size_t eq = kv.find('=');
     if (eq == std::string_view::npos) continue;
     std::string_view k = kv.substr(0, eq), v = kv.substr(eq + 1);
-    if (k == "SLURM_PROCID") r.rank = to_number<int>(v).value_or(-1);
-    else if (k == "SLURM_LOCALID") r.local_rank = to_number<int>(v).value_or(-1);
-    else if (k == "SLURMD_NODENAME") r.node = std::string(v);
-    else if (k == "SLURM_JOB_ID") r.job = std::string(v);
-    else if (k == "SLURM_STEP_ID") r.step = std::string(v);
+    if (k == "SLURM_PROCID")
+      r.rank = to_number<int>(v).value_or(-1);
+    else if (k == "SLURM_LOCALID")
+      r.local_rank = to_number<int>(v).value_or(-1);
+    else if (k == "SLURMD_NODENAME")
+      r.node = std::string(v);
+    else if (k == "SLURM_JOB_ID")
+      r.job = std::string(v);
+    else if (k == "SLURM_STEP_ID")
+      r.step = std::string(v);
   }
   return r;
 }
@@ -176,7 +184,8 @@ RankIdentity rank_from_environ(std::string_view block) {
 ClockSample clock_sample(uint64_t front_sent_ns, uint64_t node_ns, uint64_t front_received_ns) {
   ClockSample s;
   s.node_mono_ns = node_ns;
-  const uint64_t lo = std::min(front_sent_ns, front_received_ns), hi = std::max(front_sent_ns, front_received_ns);
+  const uint64_t lo = std::min(front_sent_ns, front_received_ns),
+                 hi = std::max(front_sent_ns, front_received_ns);
   const uint64_t mid = lo + (hi - lo) / 2;
   s.offset_ns = static_cast<int64_t>(node_ns - mid);
   s.uncertainty_ns = (hi - lo + 1) / 2;
@@ -251,7 +260,8 @@ bool safe_relative_path(std::string_view path) {
 Result<std::vector<std::string>> expand_node_list(std::string_view list) {
   std::vector<std::string> out;
   auto bad = [&] {
-    return Error(Errc::kParse, "cannot read the node list '" + std::string(list) + "' (scontrol show hostnames)");
+    return Error(Errc::kParse,
+                 "cannot read the node list '" + std::string(list) + "' (scontrol show hostnames)");
   };
   size_t i = 0;
   while (i < list.size()) {
@@ -278,7 +288,8 @@ Result<std::vector<std::string>> expand_node_list(std::string_view list) {
       if (e == std::string_view::npos) e = inner.size();
       std::string_view part = inner.substr(s, e - s);
       size_t dash = part.find('-');
-      std::string_view a = part.substr(0, dash), b = dash == std::string_view::npos ? a : part.substr(dash + 1);
+      std::string_view a = part.substr(0, dash),
+                       b = dash == std::string_view::npos ? a : part.substr(dash + 1);
       auto lo = to_number<unsigned>(a), hi = to_number<unsigned>(b);
       if (!all_digits(a) || !all_digits(b) || !lo || !hi || *lo > *hi || *hi - *lo > 100000) return bad();
       for (unsigned n = *lo; n <= *hi; ++n) {

@@ -16,8 +16,12 @@ TEST(SlurmJobSpec, AcceptsJobsStepsAndArrayTasks) {
     const char* text;
     const char* job;
     const char* step;
-  } cases[] = {{"1234", "1234", ""},         {"1234.0", "1234", "0"},       {"1234.batch", "1234", "batch"},
-               {"1234.extern", "1234", "extern"}, {"1234_7", "1234_7", ""}, {"1234_7.12", "1234_7", "12"}};
+  } cases[] = {{"1234", "1234", ""},
+               {"1234.0", "1234", "0"},
+               {"1234.batch", "1234", "batch"},
+               {"1234.extern", "1234", "extern"},
+               {"1234_7", "1234_7", ""},
+               {"1234_7.12", "1234_7", "12"}};
   for (const auto& c : cases) {
     auto s = parse_job_spec(c.text);
     ASSERT_TRUE(s) << c.text;
@@ -120,19 +124,21 @@ TEST(SlurmClock, TakesTheMidpointAndTheShortestRoundTrip) {
   EXPECT_EQ(behind.offset_ns, -6'005);
   EXPECT_EQ(behind.uncertainty_ns, 5u);
   EXPECT_FALSE(best_sample({}));
-  auto best = best_sample({clock_sample(0, 100, 1000), clock_sample(2000, 2100, 2100), clock_sample(3000, 3100, 9000)});
+  auto best = best_sample(
+      {clock_sample(0, 100, 1000), clock_sample(2000, 2100, 2100), clock_sample(3000, 3100, 9000)});
   ASSERT_TRUE(best);
   EXPECT_EQ(best->uncertainty_ns, 50u);
 }
 
 TEST(SlurmWire, ReassemblesEventsAndFilesFromAnyPieces) {
   const std::string file = "bin\0ary\nwith {\"ev\":1}\n"s;
-  const std::string stream = "{\"ev\":\"hello\",\"node\":\"n1\"}\n"
-                             "srun: warning: something of srun's own\n"
-                             "{\"ev\":\"file\",\"path\":\"a/b\",\"size\":" +
-                             std::to_string(file.size()) + "}\n" + file +
-                             "{\"ev\":\"file\",\"path\":\"empty\",\"size\":0}\n"
-                             "{\"ev\":\"done\"}\n";
+  const std::string stream =
+      "{\"ev\":\"hello\",\"node\":\"n1\"}\n"
+      "srun: warning: something of srun's own\n"
+      "{\"ev\":\"file\",\"path\":\"a/b\",\"size\":" +
+      std::to_string(file.size()) + "}\n" + file +
+      "{\"ev\":\"file\",\"path\":\"empty\",\"size\":0}\n"
+      "{\"ev\":\"done\"}\n";
   for (size_t piece : {size_t{1}, size_t{3}, size_t{7}, stream.size()}) {
     EventReader r;
     std::vector<EventReader::Event> got;
@@ -183,7 +189,8 @@ TEST(SlurmNodeList, ExpandsHostlists) {
   ASSERT_TRUE(s);
   EXPECT_EQ(*s, (std::vector<std::string>{"rack1-a", "rack2-a"}));
   EXPECT_EQ(*expand_node_list("n1"), (std::vector<std::string>{"n1"}));
-  for (const char* bad : {"n[1-", "n[3-1]", "n[a]", "n[1-2][3-4]"}) EXPECT_FALSE(expand_node_list(bad)) << bad;
+  for (const char* bad : {"n[1-", "n[3-1]", "n[a]", "n[1-2][3-4]"})
+    EXPECT_FALSE(expand_node_list(bad)) << bad;
 }
 
 }  // namespace

@@ -11,14 +11,15 @@
 // front as well. Its standard input carries the front's commands; their end
 // (the front or its srun died) detaches, as does SIGTERM (srun's on Ctrl-C
 // or scancel). If this process itself is killed, the lease detaches.
+#include "cli/slurm_node.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,11 +28,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "attach/attach.h"
 #include "cli/cli11.h"
@@ -41,7 +43,6 @@
 #include "cli/session_args.h"
 #include "cli/session_support.h"
 #include "cli/slurm_job.h"
-#include "cli/slurm_node.h"
 #include "cli/slurm_support.h"
 
 extern char** environ;
@@ -83,7 +84,9 @@ class Wire {
 // with this node's clock.
 class Commands {
  public:
-  explicit Commands(Wire& wire) : wire_(wire) { ::fcntl(STDIN_FILENO, F_SETFL, ::fcntl(STDIN_FILENO, F_GETFL) | O_NONBLOCK); }
+  explicit Commands(Wire& wire) : wire_(wire) {
+    ::fcntl(STDIN_FILENO, F_SETFL, ::fcntl(STDIN_FILENO, F_GETFL) | O_NONBLOCK);
+  }
   // Reads what came; answers pings. Returns the other commands, in order.
   std::vector<std::string> read() {
     std::vector<std::string> got;
@@ -104,7 +107,9 @@ class Commands {
   }
   bool open() const { return open_; }
   // Since the front last said anything (it says "alive" every second).
-  std::chrono::steady_clock::duration silence() const { return std::chrono::steady_clock::now() - last_heard_; }
+  std::chrono::steady_clock::duration silence() const {
+    return std::chrono::steady_clock::now() - last_heard_;
+  }
 
  private:
   Wire& wire_;
@@ -177,8 +182,8 @@ NodeOutput plan_output(const NodeOptions& o, const std::string& node) {
     }
   }
   const char* tmp = std::getenv("TMPDIR");
-  std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/remora-slurm-" + o.job + "-u" +
-                     std::to_string(::getuid());
+  std::string base =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/remora-slurm-" + o.job + "-u" + std::to_string(::getuid());
   ::mkdir(base.c_str(), 0700);
   out.dir = base + "/" + node;
   ::mkdir(out.dir.c_str(), 0700);
@@ -206,7 +211,8 @@ void send_outputs(Wire& wire, const NodeOutput& out, const std::string& node, co
         if (!e) break;
         struct stat st {};
         std::string path = d.path + "/" + e->d_name;
-        if (e->d_name[0] != '.' && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) names.push_back(e->d_name);
+        if (e->d_name[0] != '.' && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+          names.push_back(e->d_name);
       }
       if (dir) ::closedir(dir);
       std::sort(names.begin(), names.end());
@@ -240,7 +246,8 @@ int send_failure(Wire& wire, const Error& e) {
 
 // Until the front says `word` (answering its pings meanwhile): false when
 // it went away, a stop signal came or `limit` passed.
-bool wait_for(Commands& cmds, StopSignals& signals, const std::string& word, std::chrono::milliseconds limit) {
+bool wait_for(Commands& cmds, StopSignals& signals, const std::string& word,
+              std::chrono::milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
     for (const auto& c : cmds.read()) {
@@ -295,7 +302,8 @@ void hold_session(Wire& wire, Commands& cmds, StopSignals& signals, attach::Cont
         if (!events) continue;
         for (const auto& e : *events) {
           if (e.kind == attach::FollowEvent::Kind::kFailed) continue;
-          if (std::any_of(procs.begin(), procs.end(), [&](const NodeProc& p) { return p.pid == e.pid; })) continue;
+          if (std::any_of(procs.begin(), procs.end(), [&](const NodeProc& p) { return p.pid == e.pid; }))
+            continue;
           attach::ProcessOutcome oc = e.outcome;
           oc.pid = e.pid;
           oc.ok = true;
@@ -327,7 +335,8 @@ void hold_session(Wire& wire, Commands& cmds, StopSignals& signals, attach::Cont
   }
 }
 
-Result<attach::AttachOptions> attach_options(const NodeOptions& o, const NodeOutput& out, bool* default_tool) {
+Result<attach::AttachOptions> attach_options(const NodeOptions& o, const NodeOutput& out,
+                                             bool* default_tool) {
   auto given = parse_env_list(o.env);
   if (!given) return std::move(given).error();
   EnvList env = forwarded_environment(environ);
@@ -412,11 +421,12 @@ int node_attach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
   dopts.timeout = std::chrono::milliseconds(o.timeout_ms);
   dopts.unload = o.unload;
   for (const auto& d : ctl.detach_sessions(dopts))
-    wire.send({{"ev", "detached"},
-               {"pid", d.pid},
-               {"ok", d.ok},
-               {"gone", !d.ok && is_gone(d.code)},
-               {"result", d.ok ? (o.unload ? describe_unload(d.unload) : "detached") : "failed: " + d.message}});
+    wire.send(
+        {{"ev", "detached"},
+         {"pid", d.pid},
+         {"ok", d.ok},
+         {"gone", !d.ok && is_gone(d.code)},
+         {"result", d.ok ? (o.unload ? describe_unload(d.unload) : "detached") : "failed: " + d.message}});
   if (default_tool) {
     std::vector<pid_t> pids;
     for (const auto& p : procs) pids.push_back(p.pid);
@@ -462,7 +472,10 @@ int node_status(const NodeOptions& o, Wire& wire) {
 int node_detach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& signals) {
   const std::string node = node_name();
   const NodeOutput out = plan_output(o, node);
-  wire.send({{"ev", "hello"}, {"node", node}, {"pid", ::getpid()}, {"mono_ns", mono_ns()},
+  wire.send({{"ev", "hello"},
+             {"node", node},
+             {"pid", ::getpid()},
+             {"mono_ns", mono_ns()},
              {"transport", out.shared ? "shared" : "stream"}});
   // The front measures this node's clock (pings), then says detach.
   if (!wait_for(cmds, signals, "detach", 120s)) {
@@ -483,7 +496,10 @@ int node_detach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
   for (const auto& rank : *ranks) {
     auto r = ctl.detach_tree(rank.pid, dopts);
     if (!r) {
-      wire.send({{"ev", "detached"}, {"pid", rank.pid}, {"ok", false}, {"result", "failed: " + r.error().to_string()}});
+      wire.send({{"ev", "detached"},
+                 {"pid", rank.pid},
+                 {"ok", false},
+                 {"result", "failed: " + r.error().to_string()}});
       continue;
     }
     for (const auto& d : *r) {
@@ -521,7 +537,8 @@ std::vector<std::string> node_argv(const std::string& remora, const NodeOptions&
   if (!o.step.empty()) a.insert(a.end(), {"--step", o.step});
   if (o.tools_given) a.insert(a.end(), {"--tools", o.tools});
   for (const auto& e : o.env) a.insert(a.end(), {"--env", e});
-  a.insert(a.end(), {"--timeout", std::to_string(o.timeout_ms), "--channel", o.channel, "--transport", o.transport});
+  a.insert(a.end(),
+           {"--timeout", std::to_string(o.timeout_ms), "--channel", o.channel, "--transport", o.transport});
   if (o.keep) a.push_back("--keep");
   if (o.unload) a.push_back("--unload");
   if (!o.follow) a.push_back("--no-follow");

@@ -128,7 +128,8 @@ Result<Captured> run_capture(const std::vector<std::string>& argv, std::chrono::
       return Error(Errc::kTimedOut, argv[0] + " did not answer within " + std::to_string(timeout.count()) +
                                         " ms (is its daemon up? " + argv[0] + " was killed)");
     }
-    pollfd fds[2] = {{out_open ? child->out.get() : -1, POLLIN, 0}, {err_open ? child->err.get() : -1, POLLIN, 0}};
+    pollfd fds[2] = {{out_open ? child->out.get() : -1, POLLIN, 0},
+                     {err_open ? child->err.get() : -1, POLLIN, 0}};
     int n = ::poll(fds, 2, static_cast<int>((end - now) / 1'000'000u + 1));
     if (n < 0 && errno != EINTR) return Error::from_errno("poll");
     if (out_open && fds[0].revents) out_open = drain(child->out.get(), c.out);

@@ -111,7 +111,9 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
   CLI::App* sub =
       root.add_subcommand("status", "Show the agent's state in a process (or its tree); stops nothing");
   auto* pid = add_pid_option(sub, opts->pid, "Process to inspect");
-  auto* slurm = add_slurm_option(sub, pid, opts->slurm, "The agent state of every rank of this Slurm job (JOBID or JOBID.STEP), on every node, instead of -p");
+  auto* slurm = add_slurm_option(
+      sub, pid, opts->slurm,
+      "The agent state of every rank of this Slurm job (JOBID or JOBID.STEP), on every node, instead of -p");
   sub->add_flag("--tree", opts->tree, "One line for each process of the tree under PID");
   add_channel_option(sub, opts->channel);
   sub->footer(
