@@ -193,7 +193,7 @@ std::string remora_exe() {
 
 std::vector<std::string> srun_argv(const Front& f, const std::string& node) {
   std::vector<std::string> a = {"srun",
-                                "--jobid=" + f.spec.job,
+                                "--jobid=" + f.o.node.job,
                                 "--overlap",
                                 "--nodes=1",
                                 "--ntasks=1",
@@ -753,6 +753,9 @@ int run_front(const FrontOptions& asked) {
   auto info = resolve_job(f.spec);
   if (!info) return fail(info.error());
   f.info = *info;
+  // An array task (1234_7) is a job of its own (JobId=1240): srun and
+  // listpids take that number.
+  f.o.node.job = f.info.id;
   auto nodes = job_nodes(f.info);
   if (!nodes) return fail(nodes.error());
   bool default_tool = f.o.node.op == "detach";

@@ -54,6 +54,10 @@ Result<Child> spawn(const std::vector<std::string>& argv, const sigset_t* mask) 
     // Only async-signal-safe calls from here: the parent may have threads.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
+    // A group of its own: a terminal's Ctrl-C reaches remora alone, which
+    // ends the session in order (srun would take a first SIGINT as a
+    // question and a second as an order to kill the step).
+    ::setpgid(0, 0);
     ::dup2(in_r.get(), 0);
     ::dup2(out_w.get(), 1);
     ::dup2(err_w.get(), 2);

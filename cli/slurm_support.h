@@ -25,7 +25,8 @@ std::string find_on_path(const std::string& name);
 // and stderr's read ends, all non-blocking and close-on-exec here). The
 // child runs with `mask` as its signal mask (remora blocks its stop signals)
 // and gets SIGTERM when this process dies (PR_SET_PDEATHSIG), so that an
-// srun outlives no front that was killed.
+// srun outlives no front that was killed; it runs in a process group of its
+// own, out of reach of the terminal's signals.
 struct Child {
   pid_t pid = 0;
   UniqueFd in, out, err;

@@ -249,30 +249,62 @@ def test_stopped_slurmd_and_killed_rank():
     check(out.count("mpi_ranks: ok") == 3, "the other three ranks finished right", out + err)
 
 
-def test_controller_killed_leases_detach():
-    """remora attach --slurm killed with SIGKILL, alone and with its sruns: every rank is detached."""
+def dead(pid):
+    """Gone, or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def start_attach(run, env):
+    """remora attach --slurm J without -d, read up to its "Attached to" line."""
+    proc = subprocess.Popen([ARGS.remora, "attach", "--slurm", run.job.id], env=env, cwd=run.dir,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    out = ""
+    while True:
+        line = proc.stdout.readline()
+        out += line
+        if not line or line.startswith("Attached to"):
+            break
+    check(line.startswith("Attached to 4 processes on 2 nodes"), "attached on both nodes", out)
+    check(len(run.attached_pids()) == 4, "all four ranks are attached")
+    return proc, out
+
+
+def test_ctrl_c_and_controller_killed():
+    """Ctrl-C detaches in order; remora killed with SIGKILL, alone or with its sruns: every rank detached."""
     run = Run(standalone=True)
-    for how in ("the command", "the command and its sruns"):
-        env = run.env(REMORA_SLURM_FRONT_TIMEOUT="3000")
-        proc = subprocess.Popen([ARGS.remora, "attach", "--slurm", run.job.id], env=env, cwd=run.dir,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        out = ""
-        while True:
-            line = proc.stdout.readline()
-            out += line
-            if not line or line.startswith("Attached to"):
-                break
-        check(line.startswith("Attached to 4 processes on 2 nodes"), "attached on both nodes", out)
-        check(len(run.attached_pids()) == 4, "all four ranks are attached")
+    env = run.env(REMORA_SLURM_FRONT_TIMEOUT="3000")
+    # A terminal's Ctrl-C goes to the foreground process group: remora's.
+    proc, out = start_attach(run, env)
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=STEP)
+    out += rest
+    check(proc.returncode == 0 and "Got SIGINT: detaching." in out and "==> job %s" % run.job.id in out,
+          "Ctrl-C: every node detached, the profile merged, exit 0", out)
+    check(not run.attached_pids(), "no rank is attached after Ctrl-C")
+    for how in ("remora", "remora and its sruns", "remora stopped"):
+        proc, out = start_attach(run, env)
+        sruns = [int(p) for p in open("/proc/%d/task/%d/children" % (proc.pid, proc.pid)).read().split()]
+        check(len(sruns) == 2, "remora runs one srun per node", str(sruns))
         t0 = time.monotonic()
-        if how == "the command":
-            os.kill(proc.pid, signal.SIGKILL)  # its sruns get SIGTERM (PR_SET_PDEATHSIG) and pass it on
-        else:
-            os.killpg(proc.pid, signal.SIGKILL)  # the steps live on: the nodes hear nothing for 3 s
+        # Alone, its sruns get SIGTERM (PR_SET_PDEATHSIG) and pass it on. With
+        # its sruns killed first, the steps live on with their input open, and
+        # each node detaches once it heard nothing for 3 s.
+        if how == "remora and its sruns":
+            for pid in sruns:
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: all(dead(pid) for pid in sruns), "the sruns dead")
+        # Stopped, it says nothing while its sruns keep every step's input
+        # open: each node detaches after 3 s of silence.
+        os.kill(proc.pid, signal.SIGSTOP if how == "remora stopped" else signal.SIGKILL)
+        wait_for(lambda: not run.attached_pids(), "every rank detached after " + how)
+        check(True, "%s: every rank detached %.1f s later" % (how, time.monotonic() - t0))
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait(STEP)
-        wait_for(lambda: not run.attached_pids(), "every rank detached after the death of " + how)
-        check(True, "SIGKILL of %s: every rank detached %.1f s later" % (how, time.monotonic() - t0))
     rc, out, err = run.finish(expect_ok=False)
     check(out.count("mpi_ranks: ok") == 4, "every rank finished right", out + err)
 
@@ -327,7 +359,7 @@ def test_python_and_rocprof_attach():
 
 
 TESTS = [test_refusals, test_mpi_job_attach_and_merged_profile, test_keep_status_detach_through_the_stream,
-         test_stopped_slurmd_and_killed_rank, test_controller_killed_leases_detach, test_python_and_rocprof_attach]
+         test_stopped_slurmd_and_killed_rank, test_ctrl_c_and_controller_killed, test_python_and_rocprof_attach]
 
 
 def main():
