@@ -351,6 +351,9 @@ void on_event(Front& f, Link& l, const json& ev, const std::string& payload) {
     if (ev.contains("error")) f.warnings.push_back(l.node + ": " + ev.value("error", ""));
   } else if (kind == "error") {
     l.failure = ev.value("message", "failed");
+  } else if (kind == "empty") {
+    std::printf("  %-10s %-5s %-8s %-16s %s\n", l.node.c_str(), "-", "-", "-",
+                ev.value("message", "").c_str());
   } else if (kind == "done") {
     l.state = l.failure.empty() ? Link::State::kDone : Link::State::kFailed;
   }
@@ -538,7 +541,8 @@ int exit_code_of(const Front& f) {
       failed = true;
       if (!first) first = r.code;
     }
-    if (r.signaled) failed = true;
+    // Killed during the session, or attached and not detached (not gone).
+    if (r.signaled || (r.ok && r.end.empty() && r.detach.rfind("failed", 0) == 0)) failed = true;
   }
   const bool any =
       f.o.node.op == "status" ? !f.ranks.empty() : attached_count(f) > 0 || f.o.node.op == "detach";
@@ -679,7 +683,13 @@ int attach_job(Front& f, StopSignals& signals) {
   const size_t attached = attached_count(f);
   if (attached == 0 || f.o.node.keep || sig) {
     if (sig) std::printf("Got SIG%s: detaching.\n", sigabbrev_np(*sig));
-    if (attached == 0) print_error("nothing of job " + f.spec.text() + " was attached (see each node above)");
+    if (attached == 0) {
+      print_error("nothing of job " + f.spec.text() + " was attached (see each node above)");
+      // Made for this run only, and nothing will come into it.
+      std::error_code ec;
+      if (!f.job_dir.empty()) std::filesystem::remove_all(f.job_dir, ec);
+      f.job_dir.clear();
+    }
   }
   if (f.o.node.keep && attached > 0) {
     std::printf(

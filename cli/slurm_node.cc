@@ -151,9 +151,6 @@ Result<std::vector<ListedPid>> find_ranks(const NodeOptions& o, const std::strin
   std::erase_if(ranks, [&](const ListedPid& p) {
     return read_link("/proc/" + std::to_string(p.pid) + "/exe") == self;
   });
-  if (ranks.empty())
-    return Error(Errc::kNoSuchProcess, "no task of job " + o.job + (o.step.empty() ? "" : " step " + o.step) +
-                                           " runs on node " + node + " (scontrol listpids)");
   return ranks;
 }
 
@@ -242,6 +239,16 @@ int send_failure(Wire& wire, const Error& e) {
   wire.send({{"ev", "error"}, {"message", e.to_string()}, {"code", code}});
   wire.send(done_event(code));
   return code;
+}
+
+// A node of the job where none of its tasks runs (an allocation larger
+// than its steps): said, not a failure.
+int send_empty(Wire& wire, const NodeOptions& o, const std::string& node) {
+  wire.send({{"ev", "empty"},
+             {"message",
+              "no task of job " + o.job + (o.step.empty() ? "" : " step " + o.step) + " runs on " + node}});
+  wire.send(done_event(0));
+  return 0;
 }
 
 // Until the front says `word` (answering its pings meanwhile): false when
@@ -362,6 +369,25 @@ std::vector<NodeProc> attach_ranks(Wire& wire, attach::Controller& ctl, const at
                                    const std::vector<ListedPid>& ranks, bool follow) {
   std::vector<NodeProc> procs;
   for (const auto& rank : ranks) {
+    // Where ptrace is refused (a pod, a non-dumpable rank) a rank that opted
+    // in is attached through its socket: the process alone, as remora
+    // attach -p does it.
+    auto via = attach::resolve_channel(rank.pid, opts.channel, attach::TargetUse::kTree);
+    if (via && *via == attach::Channel::kSocket) {
+      attach::AttachOptions socket_opts = opts;
+      socket_opts.channel = attach::Channel::kSocket;
+      auto oc = ctl.attach(rank.pid, socket_opts);
+      attach::ProcessOutcome failed;
+      if (!oc) {
+        failed.pid = rank.pid;
+        failed.code = oc.error().code();
+        failed.message = oc.error().to_string();
+      }
+      const attach::ProcessOutcome& got = oc ? *oc : failed;
+      wire.send(proc_event(got, rank.pid));
+      if (got.ok) procs.push_back({got.pid, rank.pid, open_pidfd(got.pid), false});
+      continue;
+    }
     if (follow) {
       if (auto f = ctl.follow_start(rank.pid); !f)
         std::fprintf(stderr, "remora: pid %d: not followed: %s\n", static_cast<int>(rank.pid),
@@ -399,6 +425,7 @@ int node_attach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
   }
   auto ranks = find_ranks(o, node);
   if (!ranks) return send_failure(wire, ranks.error());
+  if (ranks->empty()) return send_empty(wire, o, node);
   bool default_tool = false;
   auto opts = attach_options(o, out, &default_tool);
   if (!opts) return send_failure(wire, opts.error());
@@ -441,6 +468,7 @@ int node_status(const NodeOptions& o, Wire& wire) {
   wire.send({{"ev", "hello"}, {"node", node}, {"pid", ::getpid()}, {"mono_ns", mono_ns()}});
   auto ranks = find_ranks(o, node);
   if (!ranks) return send_failure(wire, ranks.error());
+  if (ranks->empty()) return send_empty(wire, o, node);
   auto channel = attach::parse_channel(o.channel);
   if (!channel) return send_failure(wire, channel.error());
   for (const auto& rank : *ranks) {
@@ -484,6 +512,7 @@ int node_detach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
   }
   auto ranks = find_ranks(o, node);
   if (!ranks) return send_failure(wire, ranks.error());
+  if (ranks->empty()) return send_empty(wire, o, node);
   // The sessions were begun by the attach (their directories are named
   // then) and are finished by this detach: the newest of each process.
   const std::set<std::string> before;

@@ -69,7 +69,7 @@ def wait_for(pred, what, timeout=STEP, interval=0.05):
 class Run:
     """A job of remora_mpi_ranks and its scratch directory."""
 
-    def __init__(self, standalone=False, ranks_per_node=2):
+    def __init__(self, standalone=False, ranks_per_node=2, extra_env=None):
         self.dir = tempfile.mkdtemp(prefix="remora-slurm-test-")
         os.chmod(self.dir, 0o777)
         self.ready = os.path.join(self.dir, "ready")
@@ -82,7 +82,7 @@ class Run:
         if standalone:
             argv.append("--standalone")
         self.job = CLUSTER.launch(argv, nodes=2, ntasks_per_node=ranks_per_node, mpi=None if standalone else "pmi2",
-                                  kill_on_bad_exit=not standalone)
+                                  kill_on_bad_exit=not standalone, extra_env=extra_env)
         wait_for(lambda: len(os.listdir(self.ready)) == self.ranks, "%d ranks ready" % self.ranks)
         self.tasks = self.job.pids()
         check(len(self.tasks) == self.ranks, "job %s runs %d ranks on n1 and n2" % (self.job.id, self.ranks),
@@ -323,6 +323,10 @@ def test_refusals():
     check(r.returncode == EXIT_PERMISSION and "belongs to root" in r.stderr, "another user's job is refused "
           "(exit 3)", r.stdout + r.stderr)
     check(not run.attached_pids(), "nothing was attached")
+    r = run.remora("attach", "--slurm", run.job.id + ".batch", "-d", "100")
+    check(r.returncode == EXIT_NO_TARGET and r.stdout.count("no task of job %s step batch runs on" % run.job.id) == 2
+          and "nothing of job %s.batch was attached" % run.job.id in r.stderr,
+          "a step with no task on any node: each node says so, nothing attached (exit 2)", r.stdout + r.stderr)
     env = run.env(PATH="/nonexistent")
     r = run.remora("attach", "--slurm", run.job.id, "-d", "100", env=env)
     check(r.returncode == EXIT_NOT_SUPPORTED and r.stderr.count("\n") == 1 and "srun" in r.stderr,
@@ -358,8 +362,22 @@ def test_python_and_rocprof_attach():
     run.finish()
 
 
+def test_socket_channel_ranks():
+    """Ranks that opted in (REMORA_TOOL_ATTACH=1): attached through their socket channel with --channel socket."""
+    agent = os.path.join(os.path.dirname(os.path.dirname(ARGS.remora)), "lib", "libremora-agent.so")
+    run = Run(standalone=True, ranks_per_node=1, extra_env={"LD_PRELOAD": agent, "REMORA_TOOL_ATTACH": "1"})
+    r = run.remora("attach", "--slurm", run.job.id, "--channel", "socket", "-d", "800")
+    print(r.stdout + r.stderr)
+    check(r.returncode == 0 and r.stdout.count("attached through its socket channel") == 2,
+          "both ranks attached through their socket channels", r.stdout + r.stderr)
+    check_merged_profile(run, run.job_dir(), rank_map(run))
+    check(not run.attached_pids(), "nothing stays attached")
+    run.finish()
+
+
 TESTS = [test_refusals, test_mpi_job_attach_and_merged_profile, test_keep_status_detach_through_the_stream,
-         test_stopped_slurmd_and_killed_rank, test_ctrl_c_and_controller_killed, test_python_and_rocprof_attach]
+         test_stopped_slurmd_and_killed_rank, test_ctrl_c_and_controller_killed, test_python_and_rocprof_attach,
+         test_socket_channel_ranks]
 
 
 def main():
