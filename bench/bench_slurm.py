@@ -36,13 +36,20 @@ that the machine's noise falls on every variant alike:
   after the other (the floor of one node's step in the fan-out) and both at
   once (the front starts its sruns together).
 
-After every variant the bench checks with `remora status -p PID` that no
-rank is attached, ends the job (its stop file) and checks it printed
-`mpi_ranks: ok`. Every step has a deadline; on any failure, or Ctrl-C, the
-cluster's own cleanup (slurm_cluster.py) kills every process it and the
-bench started. The goals of the issue: the whole job attached in at most
-1.5x the time of attaching one node's ranks one by one; the merged profile
-ready at most 1 s after the window.
+The bench measures copies of remora, its agent, default tool and renderer,
+and of remora_mpi_ranks, taken at its start (a rebuild of the tree during
+the run changes nothing). After every variant it checks with `remora status
+-p PID` that no rank is attached, ends the job (its stop file) and checks
+that it printed `mpi_ranks: ok`. Every step has a deadline; on any failure,
+or Ctrl-C, the cluster's own cleanup (slurm_cluster.py) kills every process
+that carries its marker: the daemons, the jobs, and every remora and srun
+the bench started. The goals of the issue: the whole job attached in at
+most 1.5x the time of attaching one node's ranks one by one; the merged
+profile ready at most 1 s after the window.
+
+The front's lines are timestamped when the bench's reader thread gets them:
+a few ms late at worst, which is why a phase measured from the window's end
+can come out slightly negative.
 
   python3 bench/bench_slurm.py --remora build/bin/remora \\
       --mpi-ranks build/bin/remora_mpi_ranks [--rounds 7] [--window-ms 1000] \\
@@ -210,12 +217,47 @@ class Timed:
         return "\n".join(l for _, l in self.out) + "\n--- stderr\n" + "\n".join(l for _, l in self.err)
 
 
+def stable_copy(src, dst):
+    """Copies src once it has stood still for a second (executable, same size
+    and mtime): a build of the tree may be relinking it right now."""
+    def still():
+        try:
+            a = os.stat(src)
+            time.sleep(1)
+            b = os.stat(src)
+        except OSError:
+            return False
+        return os.access(src, os.X_OK) and (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)
+
+    wait_for(still, "%s to stand still (a build is writing it?)" % src, timeout=120, interval=0)
+    shutil.copy2(src, dst)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.stat(src).st_mtime))
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
         self.cluster = None
         self.scratch = tempfile.mkdtemp(prefix="remora-bench-slurm-")
         os.chmod(self.scratch, 0o755)
+        # The binaries measured are copies: the tree's build may be redone
+        # during the run (by someone else), which would change them, or make
+        # them unrunnable while they are relinked, half-way. remora finds the
+        # agent in ../lib, the default tool and the renderer next to the agent.
+        bin_dir, lib_dir = os.path.join(self.scratch, "bin"), os.path.join(self.scratch, "lib")
+        os.mkdir(bin_dir)
+        os.mkdir(lib_dir)
+        built = os.path.join(os.path.dirname(args.remora), "..", "lib")
+        self.built = {}
+        for src, dst in [(args.remora, os.path.join(bin_dir, "remora")),
+                         (args.mpi_ranks, os.path.join(bin_dir, "remora_mpi_ranks"))] + [
+                (os.path.join(built, n), os.path.join(lib_dir, n))
+                for n in ("libremora-agent.so", "libremora-tool.so", "libremora-render.so")]:
+            self.built[os.path.basename(dst)] = stable_copy(src, dst)
+        args.remora = os.path.join(bin_dir, "remora")
+        args.mpi_ranks = os.path.join(bin_dir, "remora_mpi_ranks")
+        self.tmp = os.path.join(self.scratch, "tmp")
+        os.mkdir(self.tmp)
         self.relay = os.path.join(self.scratch, "relay.py")
         with open(self.relay, "w") as f:
             f.write(RELAY % {"python": sys.executable})
@@ -224,6 +266,11 @@ class Bench:
     def env(self, out_dir):
         env = self.cluster.env()
         env["REMORA_OUTPUT_PATH"] = out_dir
+        # Where a node side that does not see the job directory keeps its
+        # ranks' outputs until it has sent them (the stream transport: under
+        # $TMPDIR, named by job id, which every fresh cluster starts again
+        # at 1): the bench's own, removed with it.
+        env["TMPDIR"] = self.tmp
         env.pop("REMORA_LOG", None)
         if self.args.transport != "auto":
             env["REMORA_SLURM_TRANSPORT"] = self.args.transport
@@ -395,13 +442,15 @@ def phases(r, wire_dir, t_att, t_win, t_det, t_job):
 
     ms = lambda t, base: 1e3 * (t - base)
     per_node = {}
-    rank_attach, rank_render = [], []
+    rank_attach, rank_lease, rank_render = [], [], []
     for node, rows in wire.items():
         ready = [v["session ready"] for (n, _), v in marks.items() if n == node and "session ready" in v]
         check(ready, "REMORA_LOG=attach marks from node %s" % node, "\n".join(l for _, l in r.err[:40]))
         for (n, _), v in marks.items():
             if n == node and "session ready" in v and "attached with its lease" in v:
                 rank_attach.append(ms(v["attached with its lease"], v["session ready"]))
+                if "tools visible" in v:
+                    rank_lease.append(ms(v["attached with its lease"], v["tools visible"]))
         outputs = [t for t, w in rows if w.startswith("out output ")]
         prev = last(rows, "out detached")
         for t in outputs:
@@ -423,6 +472,7 @@ def phases(r, wire_dir, t_att, t_win, t_det, t_job):
     res["phase Detached line"] = ms(t_det, t_win)
     res["phase ==> job line"] = ms(t_job, t_win)
     res["phase rank attach (median)"] = statistics.median(rank_attach) if rank_attach else float("nan")
+    res["phase rank lease step (median)"] = statistics.median(rank_lease) if rank_lease else float("nan")
     res["phase rank render (median)"] = statistics.median(rank_render) if rank_render else float("nan")
     res["phase node attach span"] = max(p["node's ranks attached"] - p["first rank's session ready"]
                                         for p in per_node.values())
@@ -546,6 +596,7 @@ def report(results, per_nodes, rounds_done):
         ("node's ranks attached", "phase node's ranks attached"),
         ("`Attached to` line", "phase Attached line"),
         ("one rank's attach, session ready to attached (median of ranks)", "phase rank attach (median)"),
+        ("  of which tools visible to attached with its lease (median of ranks)", "phase rank lease step (median)"),
         ("a node's attach span, first session ready to all attached", "phase node attach span"),
         ("detach asked (5 clock pings done), from the window's end", "phase detach asked (clock measured)"),
         ("node's ranks detached", "phase node's ranks detached"),
@@ -593,7 +644,12 @@ def main():
         if not os.access(p, os.X_OK):
             print("%s is not an executable: cmake --build build -j2 --target remora remora_mpi_ranks" % p)
             return 1
-    bench = Bench(ARGS)
+    try:
+        bench = Bench(ARGS)
+    except (Failure, OSError) as e:
+        print("cannot copy the binaries: %s" % e)
+        return 1
+    print("measuring copies of: %s" % ", ".join("%s (built %s)" % kv for kv in sorted(bench.built.items())))
     # Slurm's CPUs per node, not real cores: 4 ranks per node must fit.
     bench.cluster = SlurmCluster(cpus=max(per_nodes + [2]))
     try:
@@ -628,9 +684,10 @@ def main():
                 print("round %d, %d/node, %-10s %s  [%.1f s]" % (rnd + 1, k, variant + ":", what,
                                                                  time.monotonic() - t), flush=True)
             rounds_done += 1
-    except (Failure, KeyboardInterrupt) as e:
+    except (Failure, OSError, subprocess.SubprocessError, KeyboardInterrupt) as e:
         failed = e
-        print("FAILED: %s" % (e if isinstance(e, Failure) else "interrupted"), flush=True)
+        print("FAILED: %s" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "%s: %s" % (type(e).__name__, e)),
+              flush=True)
     finally:
         bench.cluster.stop()
         if ARGS.keep_dir or failed:
