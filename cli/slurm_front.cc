@@ -115,6 +115,9 @@ Result<JobInfo> resolve_job(const JobSpec& spec) {
 
 Result<std::vector<std::string>> job_nodes(const JobInfo& info) {
   if (info.node_list.empty()) return Error(Errc::kNoSuchProcess, "job " + info.id + " has no nodes yet");
+  // The hostlist syntax remora reads itself spares a Slurm call; scontrol
+  // expands what it does not read.
+  if (auto nodes = expand_node_list(info.node_list)) return nodes;
   auto r = run_capture({"scontrol", "show", "hostnames", info.node_list}, 30s);
   if (r && WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0) {
     std::vector<std::string> out;
@@ -235,6 +238,9 @@ std::string who(const RankRecord& r) {
   return s + " (pid " + std::to_string(r.pid) + ", " + r.comm + ")";
 }
 
+// Five pings, the shortest round trip kept: for an attach once its ranks
+// are attached (the node side then answers at once, and the attach did not
+// wait for it), and before a detach.
 void on_clock(Front& f, Link& l, const json& ev) {
   const uint64_t now = mono_ns();
   auto& samples = l.state == Link::State::kDetachClock ? l.detach_clock : l.attach_clock;
@@ -243,6 +249,8 @@ void on_clock(Front& f, Link& l, const json& ev) {
   if (l.state == Link::State::kDetachClock) {
     l.state = Link::State::kDetaching;
     send_line(l, "detach");
+  } else if (f.o.node.op == "attach") {
+    l.state = Link::State::kAttached;
   } else {
     l.state = Link::State::kWorking;
     send_line(l, f.o.node.op);
@@ -317,10 +325,10 @@ void on_event(Front& f, Link& l, const json& ev, const std::string& payload) {
   l.last_heard = std::chrono::steady_clock::now();
   if (kind == "hello") {
     l.transport = ev.value("transport", "");
-    if (f.o.node.op != "status") {  // attach and detach measure the node's clock first
+    if (f.o.node.op == "detach") {  // the node's clock first, then the word
       l.state = Link::State::kClock;
       ping(l);
-    } else {
+    } else {  // an attach begins at once, a status only reads
       l.state = Link::State::kWorking;
     }
   } else if (kind == "pong") {
@@ -328,7 +336,10 @@ void on_event(Front& f, Link& l, const json& ev, const std::string& payload) {
   } else if (kind == "proc") {
     on_proc(f, l, ev);
   } else if (kind == "attached") {
-    if (l.state == Link::State::kWorking) l.state = Link::State::kAttached;
+    if (l.state == Link::State::kWorking) {
+      l.state = Link::State::kClock;
+      ping(l);
+    }
   } else if (kind == "status") {
     on_status(f, l, ev);
   } else if (kind == "exit") {

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -191,15 +192,33 @@ NodeOutput plan_output(const NodeOptions& o, const std::string& node) {
 // through the stream, sends its files and removes it.
 void send_outputs(Wire& wire, const NodeOutput& out, const std::string& node, const std::vector<pid_t>& pids,
                   std::chrono::system_clock::time_point since, const std::set<std::string>& before) {
-  for (const auto& d : find_outputs(out.dir, pids, since, before)) {
-    // Only the processes of this session: the directory may hold what a
-    // session whose front died left behind.
-    if (std::find(pids.begin(), pids.end(), d.host_pid ? d.host_pid : d.pid) == pids.end()) continue;
+  // Only the processes of this session: the directory may hold what a
+  // session whose front died left behind.
+  std::vector<OutputDir> dirs;
+  for (auto& d : find_outputs(out.dir, pids, since, before))
+    if (std::find(pids.begin(), pids.end(), d.host_pid ? d.host_pid : d.pid) != pids.end()) dirs.push_back(d);
+  // Rendering (naming every address with the node's DWARF) is most of the
+  // time after the window: up to four ranks at a time.
+  std::vector<std::string> errors(dirs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < dirs.size();) {
+      auto r = render_session(dirs[i].path, dirs[i].host_pid ? dirs[i].host_pid : dirs[i].pid);
+      if (!r) errors[i] = r.error().to_string();
+    }
+  };
+  const size_t workers =
+      std::min<size_t>(dirs.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    const OutputDir& d = dirs[i];
     const std::string base = d.path.substr(d.path.rfind('/') + 1);
     const std::string rel = node + "/" + base;
-    auto r = render_session(d.path, d.host_pid ? d.host_pid : d.pid);
     json ev = {{"ev", "output"}, {"pid", d.host_pid ? d.host_pid : d.pid}, {"dir", rel}};
-    if (!r) ev["error"] = r.error().to_string();
+    if (!errors[i].empty()) ev["error"] = errors[i];
     if (!out.shared) {
       DIR* dir = ::opendir(d.path.c_str());
       std::vector<std::string> names;
@@ -364,49 +383,68 @@ Result<attach::AttachOptions> attach_options(const NodeOptions& o, const NodeOut
   return opts;
 }
 
-// Attaches every rank's tree; one "proc" event per process.
+// How one rank's attach went: its outcomes (the rank's tree), or why not.
+struct RankAttach {
+  std::vector<attach::ProcessOutcome> outcomes;
+};
+
+RankAttach attach_rank(attach::Controller& ctl, const attach::AttachOptions& opts, const ListedPid& rank,
+                       bool follow) {
+  RankAttach out;
+  auto failed = [&](const Error& e) {
+    attach::ProcessOutcome oc;
+    oc.pid = rank.pid;
+    oc.code = e.code();
+    oc.message = e.to_string();
+    out.outcomes.push_back(oc);
+    return out;
+  };
+  // Where ptrace is refused (a pod, a non-dumpable rank) a rank that opted
+  // in is attached through its socket: the process alone, as remora
+  // attach -p does it.
+  auto via = attach::resolve_channel(rank.pid, opts.channel, attach::TargetUse::kTree);
+  if (via && *via == attach::Channel::kSocket) {
+    attach::AttachOptions socket_opts = opts;
+    socket_opts.channel = attach::Channel::kSocket;
+    auto oc = ctl.attach(rank.pid, socket_opts);
+    if (!oc) return failed(oc.error());
+    out.outcomes.push_back(*oc);
+    return out;
+  }
+  if (follow) {
+    if (auto f = ctl.follow_start(rank.pid); !f)
+      std::fprintf(stderr, "remora: pid %d: not followed: %s\n", static_cast<int>(rank.pid),
+                   f.error().to_string().c_str());
+  }
+  auto outcomes = ctl.attach_tree(rank.pid, opts);
+  if (!outcomes) return failed(outcomes.error());
+  out.outcomes = std::move(*outcomes);
+  return out;
+}
+
+// Attaches every rank's tree, up to four ranks at a time (the Controller
+// runs different processes' operations concurrently: a node's ranks wait
+// on their own loaders in parallel); one "proc" event per process, in rank
+// order.
 std::vector<NodeProc> attach_ranks(Wire& wire, attach::Controller& ctl, const attach::AttachOptions& opts,
                                    const std::vector<ListedPid>& ranks, bool follow) {
+  std::vector<RankAttach> done(ranks.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < ranks.size();) done[i] = attach_rank(ctl, opts, ranks[i], follow);
+  };
+  const size_t workers =
+      std::min<size_t>(ranks.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
   std::vector<NodeProc> procs;
-  for (const auto& rank : ranks) {
-    // Where ptrace is refused (a pod, a non-dumpable rank) a rank that opted
-    // in is attached through its socket: the process alone, as remora
-    // attach -p does it.
-    auto via = attach::resolve_channel(rank.pid, opts.channel, attach::TargetUse::kTree);
-    if (via && *via == attach::Channel::kSocket) {
-      attach::AttachOptions socket_opts = opts;
-      socket_opts.channel = attach::Channel::kSocket;
-      auto oc = ctl.attach(rank.pid, socket_opts);
-      attach::ProcessOutcome failed;
-      if (!oc) {
-        failed.pid = rank.pid;
-        failed.code = oc.error().code();
-        failed.message = oc.error().to_string();
-      }
-      const attach::ProcessOutcome& got = oc ? *oc : failed;
-      wire.send(proc_event(got, rank.pid));
-      if (got.ok) procs.push_back({got.pid, rank.pid, open_pidfd(got.pid), false});
-      continue;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    for (const auto& oc : done[i].outcomes) {
+      wire.send(proc_event(oc, ranks[i].pid));
+      if (oc.ok) procs.push_back({oc.pid, ranks[i].pid, open_pidfd(oc.pid), false});
     }
-    if (follow) {
-      if (auto f = ctl.follow_start(rank.pid); !f)
-        std::fprintf(stderr, "remora: pid %d: not followed: %s\n", static_cast<int>(rank.pid),
-                     f.error().to_string().c_str());
-    }
-    auto outcomes = ctl.attach_tree(rank.pid, opts);
-    if (!outcomes) {
-      attach::ProcessOutcome oc;
-      oc.pid = rank.pid;
-      oc.code = outcomes.error().code();
-      oc.message = outcomes.error().to_string();
-      wire.send(proc_event(oc, rank.pid));
-      continue;
-    }
-    for (const auto& oc : *outcomes) {
-      wire.send(proc_event(oc, rank.pid));
-      if (oc.ok) procs.push_back({oc.pid, rank.pid, open_pidfd(oc.pid), false});
-    }
-  }
   return procs;
 }
 
@@ -418,11 +456,8 @@ int node_attach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
              {"pid", ::getpid()},
              {"mono_ns", mono_ns()},
              {"transport", out.shared ? "shared" : "stream"}});
-  // The front measures this node's clock first (pings), then says attach.
-  if (!wait_for(cmds, signals, "attach", 120s)) {
-    wire.send(done_event(to_int(ExitCode::kOk)));
-    return 0;
-  }
+  // At once: the front measures this node's clock once the ranks are
+  // attached (its pings are answered in the session's loop).
   auto ranks = find_ranks(o, node);
   if (!ranks) return send_failure(wire, ranks.error());
   if (ranks->empty()) return send_empty(wire, o, node);
