@@ -85,6 +85,7 @@ test-aarch64: aarch64-build
 # remora-bench-call and remora-bench-attach inside the guest (emulated:
 # compare ratios to the guest's own ptrace floor, not absolute times).
 bench-aarch64: aarch64-build
+	cmake --build $(AARCH64_BUILD_DIR) -j$(JOBS) --target remora-bench-call remora-bench-attach
 	/usr/bin/python3 -B tests/aarch64/run_guest.py --build-dir $(AARCH64_BUILD_DIR) \
 	  --results $(AARCH64_BUILD_DIR)/guest/bench \
 	  --add-suite "bench_call 900 $(abspath $(AARCH64_BUILD_DIR))/bin/remora-bench-call -n 300 --warmup 20" \

@@ -28,10 +28,12 @@ that the machine's noise falls on every variant alike:
   timestamps the commands it gets from the front and the events it sends
   back: where the time goes, node by node. The relay is a Python process in
   the path, so this run's own totals are not the headline; its phases are.
-- one by one: the ranks attached one after the other with `remora attach -p
-  PID --keep`, n1's first, each timed from its start to its "The tools stay
-  attached" line; one node's ranks (n1) summed, and all ranks summed. After
-  the timed part each rank is detached with `remora detach -p PID --tree`.
+- one by one: the ranks attached one after the other as a user on each node
+  would, each with a `remora attach -p PID` session (the default tool, its
+  tree, the lease: what the job's node side does for each rank), n1's first,
+  each timed from its start to its "Attached to" line; one node's ranks (n1)
+  summed, and all ranks summed. The sessions stay until every rank is
+  attached, then each gets SIGINT (Ctrl-C) and detaches.
   Then `srun --jobid=J --overlap -N1 -n1 -w NODE true` on n1 and on n2, one
   after the other (the floor of one node's step in the fan-out) and both at
   once (the front starts its sruns together).
@@ -451,17 +453,18 @@ def phases(r, wire_dir, t_att, t_win, t_det, t_job):
                 rank_attach.append(ms(v["attached with its lease"], v["session ready"]))
                 if "tools visible" in v:
                     rank_lease.append(ms(v["attached with its lease"], v["tools visible"]))
+        # The node renders up to four ranks at a time and announces them
+        # after: the span from its last detach to its last output, per rank.
         outputs = [t for t, w in rows if w.startswith("out output ")]
-        prev = last(rows, "out detached")
-        for t in outputs:
-            rank_render.append(ms(t, prev))
-            prev = t
+        if outputs:
+            rank_render.append(ms(outputs[-1], last(rows, "out detached")) / len(outputs))
+        pongs = [t for t, w in rows if w.startswith("out pong")]
         per_node[node] = {
             "relay started": ms(first(rows, "start"), r.t0),
             "node side's hello": ms(first(rows, "out hello"), r.t0),
-            "attach asked (clock measured)": ms(first(rows, "in attach"), r.t0),
             "first rank's session ready": ms(min(ready), r.t0),
             "node's ranks attached": ms(first(rows, "out attached"), r.t0),
+            "clock measured after the attach (5 pings)": ms(pongs[4] if len(pongs) >= 5 else float("nan"), r.t0),
             "detach asked (clock measured)": ms(first(rows, "in detach"), t_win),
             "node's ranks detached": ms(last(rows, "out detached"), t_win),
             "node's ranks rendered": ms(outputs[-1] if outputs else last(rows, "out detached"), t_win),
@@ -479,25 +482,58 @@ def phases(r, wire_dir, t_att, t_win, t_det, t_job):
     return res
 
 
+class Session:
+    """`remora attach -p PID` left running in a session of its own; each
+    line of its standard output timestamped as it arrives."""
+
+    def __init__(self, argv, env, cwd):
+        self.argv = argv
+        self.out = []
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.reader = threading.Thread(target=Timed._read, args=(self.proc.stdout, self.out), daemon=True)
+        self.reader.start()
+
+    def wait_line(self, prefix, timeout=STEP):
+        def seen():
+            return next((t for t, line in list(self.out) if line.startswith(prefix)), None)
+
+        t = wait_for(seen, "'%s' from %s" % (prefix, " ".join(self.argv[:4])), timeout)
+        return t
+
+    def stop(self):
+        """SIGINT, as Ctrl-C: the session detaches and renders; then its exit."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            self.proc.wait(STEP)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.reader.join(10)
+        return self.proc.returncode
+
+
 def run_one_by_one(bench, per_node):
-    """The ranks attached one after the other with remora attach -p --keep."""
+    """The ranks attached one after the other, each as a user would do it on
+    its node: a `remora attach -p PID` session (the default tool, the tree,
+    the lease, following), timed to its "Attached to" line; each session
+    stays attached until every rank is, then all are stopped with SIGINT."""
     job = MpiJob(bench, per_node)
     env = bench.env(os.path.join(job.dir, "out"))
-    times = []  # (node, ms to its "stay attached" line, ms to its exit)
-    kept = []
+    times = []  # (node, ms to its "Attached to" line, 0)
+    sessions = []
     try:
         for t in job.tasks:
-            r = Timed([bench.args.remora, "attach", "-p", str(t["pid"]), "--keep"], env, job.dir, timeout=STEP)
-            if r.rc == 0:
-                kept.append(t)
-            check(r.rc == 0, "remora attach -p %d --keep exits 0 (got %d)" % (t["pid"], r.rc), r.text())
-            t_line, _ = r.at("The tools stay attached")
-            times.append((t["node"], 1e3 * (t_line - r.t0), 1e3 * (r.t_exit - r.t0)))
+            sess = Session([bench.args.remora, "attach", "-p", str(t["pid"])], env, job.dir)
+            sessions.append(sess)
+            t_line = sess.wait_line("Attached to")
+            times.append((t["node"], 1e3 * (t_line - sess.t0), 0.0))
     finally:
-        for t in kept:
-            d = bench.remora("detach", "-p", t["pid"], "--tree")
-            if d.returncode != 0:
-                print("  remora detach -p %d --tree: %d\n%s" % (t["pid"], d.returncode, d.stdout + d.stderr),
+        for sess in sessions:
+            rc = sess.stop()
+            if rc != 0:
+                print("  %s: exit %d\n%s" % (" ".join(sess.argv), rc, "\n".join(l for _, l in sess.out)),
                       file=sys.stderr)
     bench.check_none_attached(job)
     floors = []
@@ -558,9 +594,9 @@ def report(results, per_nodes, rounds_done):
     rows = [
         ("whole job: start to `Attached to` (attach --slurm)", "job", "to attached"),
         ("  of which start to `Attaching to job` (scontrol show job, show hostnames)", "job", "front ready"),
-        ("one node's ranks one by one (n1, `attach -p --keep`, summed)", "one by one", "one node one by one"),
+        ("one node's ranks one by one (n1, `attach -p` sessions, summed)", "one by one", "one node one by one"),
         ("all ranks one by one (both nodes, summed)", "one by one", "all ranks one by one"),
-        ("one rank alone (`attach -p --keep`, to its line)", "one by one", "one rank (median)"),
+        ("one rank alone (`attach -p`, to its `Attached to` line)", "one by one", "one rank (median)"),
         ("`srun --overlap -N1 -n1 -w NODE true`", "one by one", "srun floor"),
         ("  the same to n1 and n2 at once (wall time of both)", "one by one", "srun pair"),
         ("window end to `==> job` (merged profile)", "job", "window end to merged"),
@@ -591,9 +627,9 @@ def report(results, per_nodes, rounds_done):
         ("`Attaching to job` line (scontrol show job, show hostnames)", "front ready"),
         ("relay started (srun to the node, the relay's Python start)", "phase relay started"),
         ("node side's hello (remora slurm-node started)", "phase node side's hello"),
-        ("attach asked (5 clock pings done)", "phase attach asked (clock measured)"),
         ("first rank's session ready (scontrol listpids done)", "phase first rank's session ready"),
         ("node's ranks attached", "phase node's ranks attached"),
+        ("clock measured after the attach (5 pings)", "phase clock measured after the attach (5 pings)"),
         ("`Attached to` line", "phase Attached line"),
         ("one rank's attach, session ready to attached (median of ranks)", "phase rank attach (median)"),
         ("  of which tools visible to attached with its lease (median of ranks)", "phase rank lease step (median)"),
@@ -601,7 +637,7 @@ def report(results, per_nodes, rounds_done):
         ("detach asked (5 clock pings done), from the window's end", "phase detach asked (clock measured)"),
         ("node's ranks detached", "phase node's ranks detached"),
         ("node's ranks rendered", "phase node's ranks rendered"),
-        ("one rank's render (median of ranks)", "phase rank render (median)"),
+        ("a node's render span per rank (up to 4 at a time)", "phase rank render (median)"),
         ("node done (its last event sent)", "phase node done"),
         ("`Detached from` line (the sruns reaped)", "phase Detached line"),
         ("`==> job` line (job.json, merge, summary)", "phase ==> job line"),
