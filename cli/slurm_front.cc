@@ -58,7 +58,7 @@ struct Link {
   std::string node;
   Child srun;
   EventReader reader;
-  std::string err_tail;  // the last lines of srun's (and the node side's) standard error
+  std::string err_tail;  // the last line of srun's (and the node side's) standard error
   std::string err_partial;
   State state = State::kStarting;
   std::string failure, transport;
@@ -336,7 +336,9 @@ void on_event(Front& f, Link& l, const json& ev, const std::string& payload) {
   } else if (kind == "proc") {
     on_proc(f, l, ev);
   } else if (kind == "attached") {
-    if (l.state == Link::State::kWorking) {
+    if (l.state == Link::State::kWorking && f.o.node.keep) {
+      l.state = Link::State::kAttached;  // the node side leaves now: no session to measure
+    } else if (l.state == Link::State::kWorking) {
       l.state = Link::State::kClock;
       ping(l);
     }
@@ -784,6 +786,13 @@ int run_front(const FrontOptions& asked) {
     if (auto t = check_tools(f.o, &default_tool); !t) return fail(t.error());
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());
+  // A node's srun that ended (its node side is done, or it failed) makes a
+  // write to it fail with EPIPE, which send_line takes: not a signal that
+  // ends remora. Blocked after install(), so the sruns start without it.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   if (default_tool) {
     std::string token;
     std::string dir = f.o.node.op == "detach" ? find_job_dir(f.spec, &token) : "";

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The default tool on JIT runtimes: a JVM and a node process under
-`remora attach`, 30 attach/detach cycles each. After every cycle the attach
+`remora attach`, 12 attach/detach cycles of 500 ms each. After every cycle the attach
 exited 0, the process is alive and still computes correctly (it answers a
 checksum request on stdin); the last cycle's profile has samples.
 
@@ -21,7 +21,12 @@ import sys
 import tempfile
 import time
 
-CYCLES = 30
+# 12 sessions of 500 ms: the 6 s of sampling per runtime that 30 sessions
+# of 200 ms gave (what finds JIT frames the unwinder must survive), for
+# less than half the command runs (each renders a JIT runtime's profile:
+# most of a cycle's time).
+CYCLES = 12
+WINDOW_MS = 500
 N = 200000
 EXPECTED_SUM = sum(k * k % 1000003 for k in range(N))
 
@@ -90,7 +95,7 @@ def cycles(args, name, argv, tmp):
         start = time.monotonic()
         for i in range(CYCLES):
             what = "%s cycle %d" % (name, i + 1)
-            r = subprocess.run([args.remora, "attach", "-p", str(p.pid), "-d", "200", "--attach-children=false",
+            r = subprocess.run([args.remora, "attach", "-p", str(p.pid), "-d", str(WINDOW_MS), "--attach-children=false",
                                 "-e", "REMORA_OUTPUT_PATH=" + out_dir],
                                capture_output=True, text=True, timeout=120)
             check(r.returncode == 0, "%s: remora attach exits 0" % what,
@@ -103,7 +108,7 @@ def cycles(args, name, argv, tmp):
             check(m.group(1) != last, "%s: a new output directory" % what, r.stdout)
             last = m.group(1)
             samples += folded_samples(last)
-        # Summed over the cycles: on a loaded machine one 200 ms session can
+        # Summed over the cycles: on a loaded machine one short session can
         # end before the collector's first thread scan has armed a timer.
         check(samples > 0, "%s: the profiles have samples" % name, last)
         print("ok    %s: %d cycles in %.1f s, alive and correct; %d samples in all, %d in the last profile"

@@ -221,7 +221,7 @@ def test_stopped_slurmd_and_killed_rank():
     run = Run(standalone=True)
     CLUSTER.stop_slurmd("n2")
     try:
-        proc = subprocess.Popen([ARGS.remora, "attach", "--slurm", run.job.id, "-d", "3000", "--node-timeout",
+        proc = subprocess.Popen([ARGS.remora, "attach", "--slurm", run.job.id, "-d", "1500", "--node-timeout",
                                  "4000"], env=run.env(), cwd=run.dir, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         lines = []
