@@ -180,9 +180,18 @@ NodeOutput plan_output(const NodeOptions& o, const std::string& node) {
     }
   }
   const char* tmp = std::getenv("TMPDIR");
-  std::string base =
-      std::string(tmp && *tmp ? tmp : "/tmp") + "/remora-slurm-" + o.job + "-u" + std::to_string(::getuid());
+  const std::string top = tmp && *tmp ? tmp : "/tmp";
+  std::string base = top + "/remora-slurm-" + o.job + "-u" + std::to_string(::getuid());
   ::mkdir(base.c_str(), 0700);
+  // A shared /tmp: the name must be our own directory, not one (or a link)
+  // another user made first; else a fresh one (a later detach --slurm of a
+  // --keep session then does not find its outputs here, and says none came).
+  struct stat st {};
+  if (::lstat(base.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() ||
+      (st.st_mode & 077) != 0) {
+    std::string pattern = top + "/remora-slurm-XXXXXX";
+    if (::mkdtemp(pattern.data()) != nullptr) base = pattern;
+  }
   out.dir = base + "/" + node;
   ::mkdir(out.dir.c_str(), 0700);
   return out;
@@ -386,6 +395,7 @@ Result<attach::AttachOptions> attach_options(const NodeOptions& o, const NodeOut
 // How one rank's attach went: its outcomes (the rank's tree), or why not.
 struct RankAttach {
   std::vector<attach::ProcessOutcome> outcomes;
+  bool followed = false;  // its tree is followed (ptrace); a socket's process is alone
 };
 
 RankAttach attach_rank(attach::Controller& ctl, const attach::AttachOptions& opts, const ListedPid& rank,
@@ -415,6 +425,8 @@ RankAttach attach_rank(attach::Controller& ctl, const attach::AttachOptions& opt
     if (auto f = ctl.follow_start(rank.pid); !f)
       std::fprintf(stderr, "remora: pid %d: not followed: %s\n", static_cast<int>(rank.pid),
                    f.error().to_string().c_str());
+    else
+      out.followed = true;
   }
   auto outcomes = ctl.attach_tree(rank.pid, opts);
   if (!outcomes) return failed(outcomes.error());
@@ -427,7 +439,8 @@ RankAttach attach_rank(attach::Controller& ctl, const attach::AttachOptions& opt
 // on their own loaders in parallel); one "proc" event per process, in rank
 // order.
 std::vector<NodeProc> attach_ranks(Wire& wire, attach::Controller& ctl, const attach::AttachOptions& opts,
-                                   const std::vector<ListedPid>& ranks, bool follow) {
+                                   const std::vector<ListedPid>& ranks, bool follow,
+                                   std::vector<pid_t>* followed) {
   std::vector<RankAttach> done(ranks.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -440,11 +453,13 @@ std::vector<NodeProc> attach_ranks(Wire& wire, attach::Controller& ctl, const at
   work();
   for (auto& t : threads) t.join();
   std::vector<NodeProc> procs;
-  for (size_t i = 0; i < ranks.size(); ++i)
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (done[i].followed) followed->push_back(ranks[i].pid);
     for (const auto& oc : done[i].outcomes) {
       wire.send(proc_event(oc, ranks[i].pid));
       if (oc.ok) procs.push_back({oc.pid, ranks[i].pid, open_pidfd(oc.pid), false});
     }
+  }
   return procs;
 }
 
@@ -468,14 +483,13 @@ int node_attach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
   const auto wall_start = std::chrono::system_clock::now();
   attach::Controller ctl;
   const bool follow = o.follow && !o.keep;
-  std::vector<NodeProc> procs = attach_ranks(wire, ctl, *opts, *ranks, follow);
+  std::vector<pid_t> roots;  // the trees followed during the session
+  std::vector<NodeProc> procs = attach_ranks(wire, ctl, *opts, *ranks, follow, &roots);
   wire.send({{"ev", "attached"}, {"count", procs.size()}});
   if (o.keep || procs.empty()) {
     wire.send(done_event(procs.empty() ? to_int(ExitCode::kNoTarget) : 0));
     return 0;
   }
-  std::vector<pid_t> roots;
-  for (const auto& r : *ranks) roots.push_back(r.pid);
   hold_session(wire, cmds, signals, ctl, *opts, roots, follow, std::chrono::milliseconds(o.front_timeout_ms),
                procs);
 
