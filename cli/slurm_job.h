@@ -8,7 +8,8 @@
 // The wire, node side to front, on srun's standard output: one JSON object
 // per line ("event"), except that an event {"ev":"file","size":N,...} is
 // followed by exactly N bytes of the file. Front to node side, on srun's
-// standard input: plain lines ("ping SEQ", "attach", "detach").
+// standard input: plain lines ("ping SEQ", "alive", "detach"; a detach
+// --slurm's node side waits for "detach" after its pings).
 #pragma once
 
 #include <sys/types.h>
