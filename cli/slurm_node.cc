@@ -260,6 +260,14 @@ struct NodeProc {
   bool exited = false;
 };
 
+// The node side's first word: who and where it is, and (for an attach or
+// a detach) which way its outputs will travel.
+json hello_event(const std::string& node, const NodeOutput* out) {
+  json ev = {{"ev", "hello"}, {"node", node}, {"pid", ::getpid()}, {"mono_ns", mono_ns()}};
+  if (out) ev["transport"] = out->shared ? "shared" : "stream";
+  return ev;
+}
+
 json done_event(int code) { return {{"ev", "done"}, {"code", code}}; }
 
 int send_failure(Wire& wire, const Error& e) {
@@ -466,11 +474,7 @@ std::vector<NodeProc> attach_ranks(Wire& wire, attach::Controller& ctl, const at
 int node_attach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& signals) {
   const std::string node = node_name();
   const NodeOutput out = plan_output(o, node);
-  wire.send({{"ev", "hello"},
-             {"node", node},
-             {"pid", ::getpid()},
-             {"mono_ns", mono_ns()},
-             {"transport", out.shared ? "shared" : "stream"}});
+  wire.send(hello_event(node, &out));
   // At once: the front measures this node's clock once the ranks are
   // attached (its pings are answered in the session's loop).
   auto ranks = find_ranks(o, node);
@@ -514,7 +518,7 @@ int node_attach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& s
 
 int node_status(const NodeOptions& o, Wire& wire) {
   const std::string node = node_name();
-  wire.send({{"ev", "hello"}, {"node", node}, {"pid", ::getpid()}, {"mono_ns", mono_ns()}});
+  wire.send(hello_event(node, nullptr));
   auto ranks = find_ranks(o, node);
   if (!ranks) return send_failure(wire, ranks.error());
   if (ranks->empty()) return send_empty(wire, o, node);
@@ -549,11 +553,7 @@ int node_status(const NodeOptions& o, Wire& wire) {
 int node_detach(const NodeOptions& o, Wire& wire, Commands& cmds, StopSignals& signals) {
   const std::string node = node_name();
   const NodeOutput out = plan_output(o, node);
-  wire.send({{"ev", "hello"},
-             {"node", node},
-             {"pid", ::getpid()},
-             {"mono_ns", mono_ns()},
-             {"transport", out.shared ? "shared" : "stream"}});
+  wire.send(hello_event(node, &out));
   // The front measures this node's clock (pings), then says detach.
   if (!wait_for(cmds, signals, "detach", 120s)) {
     wire.send(done_event(0));

@@ -7,6 +7,7 @@
 // A rank's profile is checked whole before any of it is used (every id and
 // string index resolves): the merge then indexes without checks, and a
 // damaged file costs one rank, not the merge.
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "profile/merge_internal.h"
 #include "profile/writers.h"
+#include "profile/writers_internal.h"
 
 namespace remora::profile::merge {
 namespace {
@@ -329,39 +331,14 @@ void StackModel::add(const pprof::Profile& in, const JobRank& r) {
   }
 }
 
-// gzip (RFC 1952: zlib's windowBits 15 + 16), not a raw or zlib stream:
-// pprof's readers look for the gzip magic. As pprof.cc writes it.
+// gzip'ed as pprof.cc writes a rank's profile.
 bool write_pprof_gz(const pprof::Profile& p, FILE* out) {
   std::string data;
   if (!p.SerializeToString(&data)) {
     errno = EINVAL;
     return false;
   }
-  z_stream zs{};
-  if (deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-    errno = ENOMEM;
-    return false;
-  }
-  unsigned char buf[1 << 16];
-  size_t fed = 0;
-  int rc = Z_OK;
-  bool ok = true;
-  while (ok && rc != Z_STREAM_END) {
-    if (zs.avail_in == 0 && fed < data.size()) {  // avail_in is 32 bits: at most 1 GiB at a time
-      const size_t n = std::min<size_t>(data.size() - fed, 1u << 30);
-      zs.next_in = reinterpret_cast<Bytef*>(data.data() + fed);
-      zs.avail_in = static_cast<uInt>(n);
-      fed += n;
-    }
-    zs.next_out = buf;
-    zs.avail_out = sizeof buf;
-    rc = deflate(&zs, fed == data.size() ? Z_FINISH : Z_NO_FLUSH);
-    if (rc == Z_STREAM_ERROR) break;
-    ok = std::fwrite(buf, 1, sizeof buf - zs.avail_out, out) == sizeof buf - zs.avail_out;
-  }
-  deflateEnd(&zs);
-  if (ok && rc != Z_STREAM_END) errno = EIO;
-  return ok && rc == Z_STREAM_END && std::ferror(out) == 0;
+  return internal::write_gzip(data, out) && std::ferror(out) == 0;
 }
 
 }  // namespace remora::profile::merge

@@ -176,6 +176,10 @@ class Builder {
   std::map<std::string, uint64_t> mappings_;
 };
 
+}  // namespace
+
+namespace internal {
+
 // gzip (RFC 1952: zlib's windowBits 15 + 16), not a raw or zlib stream:
 // pprof's readers look for the gzip magic.
 bool write_gzip(const std::string& data, FILE* out) {
@@ -206,7 +210,7 @@ bool write_gzip(const std::string& data, FILE* out) {
   return ok && rc == Z_STREAM_END;
 }
 
-}  // namespace
+}  // namespace internal
 
 bool write_pprof(const Profile& p, FILE* out, int64_t realtime_minus_monotonic_ns) {
   std::string bytes;
@@ -214,7 +218,7 @@ bool write_pprof(const Profile& p, FILE* out, int64_t realtime_minus_monotonic_n
     errno = EINVAL;
     return false;
   }
-  return write_gzip(bytes, out) && ferror(out) == 0;
+  return internal::write_gzip(bytes, out) && ferror(out) == 0;
 }
 
 bool write_pprof(const Profile& p, FILE* out) {

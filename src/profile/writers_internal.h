@@ -37,6 +37,10 @@ const Frame& frame_at(const Profile& p, uint32_t i);
 std::string hex_to_bytes(const std::string& hex);
 // Writes all of `data`; false on an I/O error (errno set).
 bool write_all(FILE* out, const void* data, size_t size);
+// `data` gzip'ed (RFC 1952: zlib's windowBits 15 + 16, not a raw or zlib
+// stream: pprof's readers look for the gzip magic) into `out`; false on an
+// I/O error (errno set). The pprof writer and the job merge both use it.
+bool write_gzip(const std::string& data, FILE* out);
 
 }  // namespace remora::profile::internal
 
