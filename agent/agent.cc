@@ -87,6 +87,12 @@ unsigned g_tool_loads = 0;
 unsigned g_fork_handler_after = 0;
 Tool g_tools[kMaxTools];
 int g_tool_count = 0;
+// The tools an unload finalised, still mapped until the agent's destructor
+// (release_tools, unload.cc).
+UnloadTool g_unload_tools[kMaxTools];
+char g_unload_paths[kMaxTools][sizeof(Tool::path)];
+int g_unload_count = 0;
+
 bool g_loaded = false;
 bool g_exit_registered = false;
 // The listener's futex word: kUnloadBit once remora_agent_unload ran (the
@@ -500,6 +506,17 @@ bool start_listener() {
   return true;
 }
 
+// Threads of a controller's (its loader threads) inside the hooks below,
+// counted for the unload's proof (unload.cc): a hook calls out of the
+// agent (pthread_create, dlclose, futex) and returns into it.
+long g_hooks_inside = 0;
+struct HookScope {
+  HookScope() { __atomic_fetch_add(&g_hooks_inside, 1, __ATOMIC_SEQ_CST); }
+  ~HookScope() { __atomic_fetch_sub(&g_hooks_inside, 1, __ATOMIC_RELEASE); }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+};
+
 // Orders the listener's start between racing controllers' start hooks and a
 // loader attach (each on a fresh thread of its controller's).
 pthread_mutex_t g_listener_start_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -612,7 +629,7 @@ __attribute__((constructor)) void agent_init() {
   remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER |
                                REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD |
                                REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH |
-                               REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST;
+                               REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST | REMORA_AGENT_FEATURE_PROVEN_UNLOAD;
   pthread_atfork(nullptr, nullptr, after_fork_child);
   // No listener: a controller asks for it (remora_agent_start_listener),
   // or, opted in to the socket channel, through it (channel.cc; no thread).
@@ -625,6 +642,10 @@ __attribute__((constructor)) void agent_init() {
 // their stacks are unused.
 __attribute__((destructor)) void agent_fini() {
   if (!remora_agent_info.unloading) return;  // process exit: nothing to give back
+  // The tools go first, within this dlclose, and only after the
+  // controller's proof: exit() after a refused unload leaves them as they are.
+  if (__atomic_load_n(&remora_agent_info.unload_go, __ATOMIC_ACQUIRE) != 0)
+    release_tools(g_unload_tools, g_unload_count);
   remora_agent::channel_fini();
   free_stack(&g_listener_stack);
   free_stack(&lease_stack());
@@ -708,6 +729,8 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
 // loader lock is free again). The listener removes the ranges once this
 // thread is gone.
 REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* r) {
+  HookScope in;
+  if (remora_agent_info.unloading) return REMORA_AGENT_ERR_BUSY;
   if (r == nullptr || r->magic != REMORA_AGENT_LOADER_MAGIC || r->tool_list == 0)
     return REMORA_AGENT_ERR_BAD_ARGUMENT;
   const char* list = reinterpret_cast<const char*>(r->tool_list);
@@ -751,6 +774,10 @@ REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* 
 // fresh thread of its (the trampoline's hook, after its dlopen of the agent:
 // RTLD_NOLOAD when the agent was in the process already).
 REMORA_EXPORT int remora_agent_start_listener(uint64_t drop_reference) {
+  HookScope in;
+  // Being unloaded: the reference stays (the agent then outlives the
+  // unload's dlclose, which says so), and no listener starts.
+  if (__atomic_load_n(&remora_agent_info.unloading, __ATOMIC_ACQUIRE) != 0) return REMORA_AGENT_ERR_NO_LISTENER;
   if (drop_reference != 0) drop_loader_reference();
   return request_listener();
 }
@@ -813,36 +840,19 @@ REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char*
 
 namespace remora_agent {
 
-// Is the object that held `addr` (the tool's remora_configure) still
-// loaded? Asked of the loader itself rather than of /proc/self/maps: a
-// dlclose that returned 0 may still have kept the library (RTLD_NODELETE,
-// a dependency of another library, a unique symbol).
-bool still_loaded(const void* addr, const void* base) {
-  Dl_info info{};
-  return addr != nullptr && dladdr(addr, &info) != 0 && info.dli_fbase == base;
-}
-
-// dlcloses every tool (tool_fini first), last loaded first, and lists in
-// info.kept the ones that stay mapped; the others are gone whatever it says.
-void dlclose_tools_locked() {
-  char* out = remora_agent_info.kept;
-  size_t left = sizeof remora_agent_info.kept;
-  out[0] = '\0';
+// Runs every tool's tool_fini, last loaded first, and keeps their handles
+// for the agent's destructor: nothing is unmapped before the controller's
+// proof.
+void fini_tools_locked() {
+  g_unload_count = 0;
   for (int i = g_tool_count - 1; i >= 0; --i) {
     Tool& t = g_tools[i];
     if (t.inited && t.conf->tool_fini) t.conf->tool_fini(t.conf->tool_data);
     t.inited = false;
-    void* probe = t.handle ? dlsym(t.handle, "remora_configure_attach") : nullptr;
-    Dl_info info{};
-    const void* base = probe && dladdr(probe, &info) ? info.dli_fbase : nullptr;
-    bool failed = t.handle != nullptr && dlclose(t.handle) != 0;
-    if (failed || still_loaded(probe, base)) {
-      int n = snprintf(out, left, "%s%s", out == remora_agent_info.kept ? "" : ":", t.path);
-      if (n > 0 && static_cast<size_t>(n) < left) {
-        out += n;
-        left -= static_cast<size_t>(n);
-      }
-    }
+    if (t.handle == nullptr) continue;
+    snprintf(g_unload_paths[g_unload_count], sizeof g_unload_paths[0], "%s", t.path);
+    g_unload_tools[g_unload_count] = UnloadTool{t.handle, g_unload_paths[g_unload_count]};
+    ++g_unload_count;
   }
   memset(g_tools, 0, sizeof g_tools);
   g_tool_count = 0;
@@ -862,7 +872,14 @@ REMORA_EXPORT int remora_agent_unload(void) {
     detach_all_locked();
   }
   stop_lease_locked();
-  dlclose_tools_locked();
+  if (remora_agent::channel_open()) {
+    set_message(
+        "the agent stays: this process opted in to the socket channel (REMORA_TOOL_ATTACH=1), which is how "
+        "controllers reach it; its tools are detached");
+    pthread_mutex_unlock(&g_lock);
+    return finish(REMORA_AGENT_ERR_NOT_UNLOADABLE);
+  }
+  fini_tools_locked();
   // glibc's dlopen handle is the object's link_map: the one that holds this
   // function. (No dlopen(RTLD_NOLOAD) of our own name: a memfd-loaded agent's
   // name, /proc/self/fd/N, is closed by now.)
@@ -871,10 +888,20 @@ REMORA_EXPORT int remora_agent_unload(void) {
   if (dladdr1(reinterpret_cast<void*>(&remora_agent_unload), &info, reinterpret_cast<void**>(&self),
               RTLD_DL_LINKMAP) != 0)
     remora_agent_info.self_handle = reinterpret_cast<uint64_t>(self);
+  // What the controller must prove before the dlclose (unload.cc). Without
+  // a plan, unload_code_count stays 0 and no controller unloads the agent.
+  // The listener leaves either way: the tools are finalised.
+  char why[640];
+  int rc = REMORA_AGENT_OK;
+  if (!plan_unload(g_unload_tools, g_unload_count, self, &g_hooks_inside, why, sizeof why)) {
+    remora_agent_info.unload_code_count = 0;
+    set_message("%s: the agent stays loaded (its tools are finalised)", why);
+    rc = REMORA_AGENT_ERR_NOT_UNLOADABLE;
+  }
   remora_agent_info.unloading = 1;
   __atomic_fetch_or(&g_futex_word, kUnloadBit, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&g_lock);
-  return finish(REMORA_AGENT_OK);
+  return finish(rc);
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {

@@ -728,6 +728,8 @@ void channel_after_fork() {
   g_listen_fd = bind_socket(g_signo);
 }
 
+bool channel_open() { return g_signo != 0 && g_listen_fd >= 0; }
+
 void channel_fini() {
   if (g_signo == 0) return;
   if (g_listen_fd >= 0) close(g_listen_fd);

@@ -24,6 +24,10 @@ void channel_after_fork();
 // In the destructor of an unload: the socket closed, the handler removed
 // (a later wake must not jump into the unmapped agent).
 void channel_fini();
+// True while the socket channel listens: the agent is not unloaded then
+// (the channel is how controllers reach the process, and its wake handler
+// could be entered by a wake on its way).
+bool channel_open();
 
 }  // namespace remora_agent
 

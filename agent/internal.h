@@ -44,4 +44,20 @@ int arm_lease_locked(int32_t read_fd, int32_t controller_pid);
 int32_t inherit_lease_in_child();
 OwnStack& lease_stack();
 
+// unload.cc: the unload's plan and the tools' dlclose (agent/protocol.h,
+// remora_agent_unload). A tool after its tool_fini, still mapped.
+struct UnloadTool {
+  void* handle;
+  const char* path;
+};
+// Fills the info block's kept, unload_code and unload_counters for the
+// controller's proof; false (with `why`) when it cannot say what the
+// unload would unmap: the agent then stays.
+// `hooks_inside`: the agent's own count of controllers' threads in its hooks.
+bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
+                 char* why, size_t why_size);
+// The agent's destructor, once the controller has proven the unload safe
+// (unload_go): each tool's remora_tool_release, then its dlclose.
+void release_tools(const UnloadTool* tools, int count);
+
 }  // namespace remora_agent

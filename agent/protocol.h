@@ -1,11 +1,12 @@
 // The protocol between Remora's controller and its in-target agent
 // (libremora-agent.so). Shared by both sides; plain C layout, versioned.
 //
-// The controller never talks to the agent over a socket: it reads the
-// agent's exported `remora_agent_info` block through /proc/PID/mem and makes
-// the agent's listener thread call the exported entry points below (remote
-// calls). So the "protocol" is: symbol names, their signatures, and the
-// layout of the info block.
+// Over ptrace, the controller reads the agent's exported `remora_agent_info`
+// block through /proc/PID/mem and makes the agent's listener thread call the
+// exported entry points below (remote calls). So the "protocol" is: symbol
+// names, their signatures, and the layout of the info block. A process that
+// opted in at launch is also reached over a socket (agent/channel_wire.h),
+// whose requests run the same entry points.
 #ifndef REMORA_AGENT_PROTOCOL_H_
 #define REMORA_AGENT_PROTOCOL_H_
 
@@ -25,7 +26,11 @@
  * the field at the end of the info block, retire_pending. */
 /* 6: REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST (remora_agent_start_listener)
  * and the field at the end of the info block, listener_requested. */
-#define REMORA_AGENT_PROTOCOL_VERSION 6u
+/* 7: REMORA_AGENT_FEATURE_PROVEN_UNLOAD: remora_agent_unload no longer
+ * dlcloses the tools; it publishes what the agent's dlclose will unmap and
+ * the tools' counts (the fields at the end of the info block), for the
+ * controller's proof, and the agent's destructor dlcloses the tools. */
+#define REMORA_AGENT_PROTOCOL_VERSION 7u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -76,6 +81,14 @@
  * listener_tid as before. A forked child starts a listener only when it keeps
  * an attached session; otherwise it is on request again. */
 #define REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST 0x40u
+/* remora_agent_unload leaves every tool mapped and publishes, in
+ * unload_code and unload_counters, what the controller must check with every
+ * thread of the process stopped before it has the agent dlclosed
+ * (docs/architecture.md, "The unload"). A controller never unloads an agent
+ * without this bit: its unload could unmap code a thread is still in. */
+#define REMORA_AGENT_FEATURE_PROVEN_UNLOAD 0x80u
+/* Entries of unload_code and unload_counters. */
+#define REMORA_AGENT_UNLOAD_RANGES 16
 
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
@@ -96,6 +109,10 @@ enum remora_agent_result {
   /* Protocol 6: the listener thread could not be started (out of threads or
    * memory: pthread_create or mmap failed). */
   REMORA_AGENT_ERR_NO_LISTENER = 11,
+  /* Protocol 7: remora_agent_unload refused; the message says why (an
+   * agent whose socket channel is open stays: it is how controllers reach
+   * the process). The tools were detached, as by remora_agent_detach. */
+  REMORA_AGENT_ERR_NOT_UNLOADABLE = 12,
 };
 
 /* Exported by the agent as `remora_agent_info`. Written only by the agent
@@ -135,6 +152,21 @@ struct remora_agent_info {
   /* 1 while the attached session came through the socket channel
    * (agent/channel_wire.h), 0 through ptrace (read 0 before: reserved). */
   int32_t session_channel;
+  /* Protocol 7 (REMORA_AGENT_FEATURE_PROVEN_UNLOAD), set by
+   * remora_agent_unload: {start, end} of each executable segment the
+   * agent's dlclose will unmap (the agent's own, and each tool's that is not
+   * kept), and {address, stripes, stride} of each tool's counts of threads
+   * inside its code (remora/tool.h, remora_tool_quiesce). */
+  uint32_t unload_code_count;
+  uint32_t unload_counter_count;
+  uint64_t unload_code[REMORA_AGENT_UNLOAD_RANGES][2];
+  uint64_t unload_counters[REMORA_AGENT_UNLOAD_RANGES][3];
+  /* The second word the controller writes: 1 once it has proven the unload
+   * safe, right before it has the agent dlclosed. Only then does the
+   * agent's destructor release and dlclose the tools: a destructor run by
+   * exit() after an unload that was refused leaves them as they are. */
+  uint32_t unload_go;
+  uint32_t reserved7;
 };
 
 /* The argument of remora_agent_loader_attach, in the controller's scratch
@@ -184,9 +216,13 @@ struct remora_agent_loader_request {
  * int remora_agent_unload(void);
  *     Protocol 3. Takes the tools out of the process, on the listener: detaches
  *     them if attached, stops the lease watcher (joined), runs each tool's
- *     tool_fini and dlcloses it; a tool whose library stays mapped after its
- *     dlclose (dlclose failed, RTLD_NODELETE, referenced by another library) is
- *     named in `kept`. Records the agent's own handle in self_handle and tells
+ *     tool_fini; a tool that pinned itself (remora_tool_quiesce) is named in
+ *     `kept`. Protocol 7: the tools stay mapped; unload_code and
+ *     unload_counters say what the agent's dlclose will unmap and what the
+ *     controller must find at zero, with every thread stopped, before it
+ *     (the agent's destructor calls each tool's remora_tool_release and
+ *     dlcloses it). Refused (NOT_UNLOADABLE) while the socket channel is
+ *     open. Records the agent's own handle in self_handle and tells
  *     the listener to return as soon as the call is over: the controller waits
  *     for its thread to be gone, then has a fresh thread dlclose(self_handle)
  *     (never the listener, whose code that is; never an interrupted thread,

@@ -100,6 +100,40 @@ remora_tool_configure_result_t* remora_configure(uint32_t abi_version, const rem
 remora_tool_configure_attach_result_t* remora_configure_attach(uint32_t abi_version,
                                                                const remora_tool_info_t* info);
 
+/* Optional: the unload (remora detach --unload). The agent's dlclose unmaps a
+ * tool only once the controller has proven, with every thread of the process
+ * stopped, that no thread is in the tool's code or can return into it
+ * (docs/architecture.md, "The unload"). A thread's program counter tells
+ * where it is; what it will return into is told by the tool itself: a tool
+ * whose code application threads run (a signal handler, a call wrapper that
+ * calls the real function and returns into the wrapper) counts those threads
+ * in before they call out of the tool and out after they are back, and
+ * exports where the counts are:
+ *
+ *   const remora_tool_quiesce_t remora_tool_quiesce;
+ *
+ * The sum of the `stripes` longs at counters, counters + stride, ... is the
+ * number of threads inside; read while every thread is stopped, it is exact.
+ * A tool that cannot be unloaded (a thread blocked for good inside one of its
+ * wrappers) sets *pinned to 1 in tool_fini and keeps itself mapped
+ * (dlopen RTLD_NODELETE): it is then left out of the proof and named as kept.
+ * A tool that exports nothing has no code that outlives tool_fini.
+ *
+ *   void remora_tool_release(void);
+ *
+ * Optional too: called on the unloading thread right before the tool's
+ * dlclose, once the proof holds, never at process exit. The place to give
+ * back memory that a handler or wrapper in flight could still touch at
+ * tool_fini (sample buffers, rings). */
+typedef struct remora_tool_quiesce {
+  uint32_t size; /* sizeof(remora_tool_quiesce_t) */
+  uint32_t stripes;
+  uint64_t stride;
+  const long* counters;
+  const int32_t* pinned; /* may be NULL: never pinned */
+} remora_tool_quiesce_t;
+typedef void (*remora_tool_release_fn)(void);
+
 typedef remora_tool_configure_result_t* (*remora_configure_fn)(uint32_t, const remora_tool_info_t*);
 typedef remora_tool_configure_attach_result_t* (*remora_configure_attach_fn)(uint32_t,
                                                                              const remora_tool_info_t*);

@@ -92,6 +92,7 @@ Errc errc_for_agent(int rc) {
     case REMORA_AGENT_ERR_NOT_ATTACHED: return Errc::kNotAttached;
     case REMORA_AGENT_ERR_ALREADY_ATTACHED: return Errc::kAlreadyAttached;
     case REMORA_AGENT_ERR_BUSY: return Errc::kAlreadyAttached;
+    case REMORA_AGENT_ERR_NOT_UNLOADABLE: return Errc::kNotSupported;
     default: return Errc::kInternal;
   }
 }

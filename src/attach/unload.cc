@@ -1,14 +1,18 @@
 // Unloading the agent (DetachOptions::unload): remora_agent_unload on the
-// listener, then the agent's dlclose on a fresh thread (loader.cc), once no
-// thread of the target can be in its code; what is left of ours (our
+// listener, then the proof with every thread stopped (quiesce.h), then the
+// agent's dlclose on a fresh thread (loader.cc); what is left of ours (our
 // scratch) goes with it.
 #include <algorithm>
+#include <chrono>
+#include <cstddef>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "agent/protocol.h"
 #include "attach/internal.h"
+#include "attach/quiesce.h"
 #include "procfs/procfs.h"
 #include "remote/lookup.h"
 #include "remote/target.h"
@@ -30,23 +34,48 @@ std::vector<std::string> split_list(const char* list) {
 
 }  // namespace
 
+// Looks at the stopped threads until the unload is proven safe
+// (quiesce.h), or the deadline passes: then the agent and its tools stay,
+// and the last reason found is named. A thread seen inside is given time to
+// come out: 1 ms, doubling to 50 ms, between looks.
+Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline& deadline) {
+  auto pause = std::chrono::milliseconds(1);
+  for (int looks = 1;; ++looks) {
+    auto look = REMORA_TRY(check_quiescent(pid, plan, deadline));
+    if (look.proven) return ok();
+    if (deadline.expired())
+      return Error(Errc::kTimedOut, "the agent and its tools stay loaded (detached, finalised): " + look.why +
+                                        ", at the last of " + std::to_string(looks) +
+                                        " looks with every thread stopped. Run remora detach --unload -p " +
+                                        std::to_string(pid) + " again once that thread is out");
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
 // The agent's own dlclose, after remora_agent_unload returned on the
-// listener: the tools are gone, the watcher is joined, and the listener is
-// returning. Once its thread is gone, no thread of the target can be in the
-// agent's code (nothing else ever runs there), and a fresh thread (our
-// trampoline, as for the load: never an interrupted thread, which may hold
-// the loader lock) dlcloses it. The trampoline calls block.dlopen_fn(path,
-// flags): here dlclose(self_handle), whose result lands in block.handle.
-Result<void> dlclose_agent(remote::Target& t, pid_t pid, const remora_agent_info& info,
+// listener: the tools are finalised, the watcher is joined, and the
+// listener is returning. Once its thread is gone and the proof holds (no
+// thread in the code the dlclose unmaps, none counted inside a tool), a
+// fresh thread (our trampoline, as for the load: never an interrupted
+// thread, which may hold the loader lock) dlcloses it, and the agent's
+// destructor the tools. The trampoline calls block.dlopen_fn(path, flags):
+// here dlclose(self_handle), whose result lands in block.handle.
+Result<void> dlclose_agent(remote::Target& t, pid_t pid, uint64_t info_at, const remora_agent_info& info,
                            const Deadline& deadline) {
   if (info.self_handle == 0)
     return Error(Errc::kInternal,
-                 "the agent did not find its own handle: it stays loaded (its tools are unloaded)");
+                 "the agent did not find its own handle: it stays loaded (its tools are finalised)");
+  const UnloadPlan plan = REMORA_TRY(unload_plan(info));
   // Our calls ran through the agent's stubs, which go with it: forget them
   // (a retired scratch of our own is removed).
   REMORA_TRY(t.close());
   REMORA_TRY_CTX(wait_thread_gone(pid, info.listener_tid, deadline),
                  "wait for the agent's listener to return");
+  REMORA_TRY(prove_unload_safe(pid, plan, deadline));
+  const uint32_t go = 1, no = 0;
+  const RemoteAddr go_at(info_at + offsetof(remora_agent_info, unload_go));
+  REMORA_TRY_CTX(t.write(go_at, std::as_bytes(std::span(&go, 1))), "tell the agent the unload is proven");
   LoaderRun run;
   const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
   const remote::Target::SymbolQuery q[] = {{"dlclose", true, false}};
@@ -59,7 +88,12 @@ Result<void> dlclose_agent(remote::Target& t, pid_t pid, const remora_agent_info
   run.block.dlopen_fn = dlclose_fn.addr();
   run.block.path = info.self_handle;
   run.block.flags = 0;
-  REMORA_TRY(run_trampoline_thread(t, pthread_create_fn, run, {}, deadline));
+  if (auto ran = run_trampoline_thread(t, pthread_create_fn, run, {}, deadline); !ran) {
+    // Not unloaded: a later exit() must not take the tools down in the
+    // agent's destructor.
+    (void)t.write(go_at, std::as_bytes(std::span(&no, 1)));
+    return std::move(ran).error();
+  }
   if (run.block.handle != 0) {
     char msg[512] = "";
     if (run.block.error)
@@ -79,7 +113,10 @@ Result<void> dlclose_agent(remote::Target& t, pid_t pid, const remora_agent_info
 Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent,
                                   remora_agent_info info, std::chrono::milliseconds timeout) {
   Deadline deadline = Deadline::after(timeout);
-  if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) == 0 || agent.unload_fn == 0) {
+  // Before protocol 7 the agent's unload dlclosed its tools while the other
+  // threads ran: never called. Its tools are detached, and it stays.
+  if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) == 0 || agent.unload_fn == 0 ||
+      (info.features & REMORA_AGENT_FEATURE_PROVEN_UNLOAD) == 0) {
     if (info.attached) {
       auto d = t.call(RemoteAddr(agent.detach_fn), {}, CallOptions{info.listener_tid, timeout});
       if (!d) return std::move(d).error();
@@ -87,8 +124,8 @@ Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbo
     return Error(Errc::kNotSupported,
                  "the agent in process " + std::to_string(pid) + " (protocol " +
                      std::to_string(info.version) +
-                     ") was loaded by an older Remora, with RTLD_NODELETE, and cannot be unloaded; its tools "
-                     "are detached. Only a restart of the process removes it");
+                     ") was loaded by an older Remora, whose unload cannot be proven safe, and stays loaded; "
+                     "its tools are detached. Only a restart of the process removes it");
   }
   if (!info.unloading) {
     auto rc = t.call(RemoteAddr(agent.unload_fn), {}, CallOptions{info.listener_tid, timeout});
@@ -103,7 +140,7 @@ Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbo
   info.kept[sizeof info.kept - 1] = '\0';
   UnloadReport report;
   report.kept_tools = split_list(info.kept);
-  REMORA_TRY_CTX(dlclose_agent(t, pid, info, deadline), "unload the agent");
+  REMORA_TRY_CTX(dlclose_agent(t, pid, agent.info, info, deadline), "unload the agent");
   auto maps = REMORA_TRY(procfs::read_maps(pid));
   if (remote::find_library(pid, maps, kAgentName))
     return Error(Errc::kInternal, std::string("the agent's dlclose returned 0 but ") + kAgentName +

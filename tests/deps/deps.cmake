@@ -30,7 +30,8 @@ if(NOT _remora_static_unwind)
     "libunwind-${CMAKE_SYSTEM_PROCESSOR}.so.8=Debian's libunwind archives are not PIC: configure with REMORA_STATIC_LIBUNWIND=ON and PIC archives to link it in")
 endif()
 add_test(NAME deps_tool COMMAND ${_remora_deps_check} $<TARGET_FILE:remora-tool>
-  --export "remora_configure" --export "remora_configure_attach" --export "remora_default_tool_.*"
+  --export "remora_configure" --export "remora_configure_attach" --export "remora_tool_quiesce"
+  --export "remora_tool_release" --export "remora_default_tool_.*"
   ${_remora_unwind_allow})
 
 add_library(remora_deps_bad SHARED ${_remora_deps_dir}/bad_lib.cc)

@@ -116,6 +116,9 @@ Tool* g_tool = nullptr;
 // g_tool never locks or unlocks a Tool that was deleted meanwhile. Static:
 // it lives as long as the handlers, which the dlclose removes.
 pthread_mutex_t g_fork_mu = PTHREAD_MUTEX_INITIALIZER;
+// 1 once release_for_unload kept the tool mapped (RTLD_NODELETE): threads
+// were still inside. Read by the agent through remora_tool_quiesce.
+int32_t g_pinned = 0;
 
 constexpr size_t kCollectorStack = 256 * 1024;
 
@@ -662,10 +665,14 @@ void close_unwind_fds() {
   g_unwind_fd_count = 0;
 }
 
-// Gives back everything the tool holds in the process (descriptors,
-// mappings, the heap it uses), so that the agent's dlclose leaves nothing
-// behind; or, where a thread may still be in the tool's code, keeps the tool
-// mapped instead. Code of ours a thread can still be in after a detach: a
+// Gives back what the tool holds in the process (descriptors, the heap it
+// uses; the slots' memory later, in remora_tool_release), so that the
+// agent's dlclose leaves nothing behind; or, where a thread may still be in
+// the tool's code, keeps the tool mapped instead (g_pinned). The wait here
+// is only the fast way out: a count of zero read by this thread proves
+// nothing about a thread preempted between its handler's entry and its
+// increment, so the controller proves it again with every thread stopped
+// (remora_tool_quiesce, docs/architecture.md "The unload"). Code of ours a thread can still be in after a detach: a
 // wrapper (a thread blocked in read() returns into it), the sampling
 // handler (a signal delivered just before the timers went); both count
 // themselves (remora_inside). A short wait lets calls about to return
@@ -682,13 +689,16 @@ void release_for_unload(Tool& t) {
   while (remora_inside_count() != 0 && now_ns() < deadline) nanosleep(&pause, nullptr);
   if (long inside = remora_inside_count(); inside != 0) {
     pin_self();
+    __atomic_store_n(&g_pinned, 1, __ATOMIC_RELEASE);
     log_error("the tool stays loaded: " + std::to_string(inside) +
               " thread(s) are still inside its call wrappers (blocked in a traced call made while attached)");
     return;
   }
   if (t.wake_fd >= 0) close(t.wake_fd);
   t.wake_fd = -1;
-  release_slot_memory();
+  // Not the slots' memory: a sampling handler or a wrapper in flight may
+  // still write to it. remora_tool_release gives it back, once the unload
+  // has proven that no thread is inside (never at process exit).
   close_unwind_fds();
   pthread_mutex_lock(&g_fork_mu);  // waits out a fork in progress, which holds t.mu
   g_tool = nullptr;                 // the fork handlers do nothing from here until the dlclose removes them
@@ -896,6 +906,18 @@ REMORA_TOOL_EXPORT remora_tool_configure_result_t* remora_configure(uint32_t, co
 REMORA_TOOL_EXPORT remora_tool_configure_attach_result_t* remora_configure_attach(uint32_t,
                                                                                   const remora_tool_info_t*) {
   return &g_conf_attach;
+}
+
+// The unload's proof (remora/tool.h): the wrappers' and the sampling
+// handler's counts (wrappers.h), and whether the tool pinned itself.
+REMORA_TOOL_EXPORT const remora_tool_quiesce_t remora_tool_quiesce = {
+    sizeof(remora_tool_quiesce_t), REMORA_INSIDE_STRIPES, sizeof(struct remora_inside_stripe), &remora_inside[0].n,
+    &g_pinned};
+
+// Once no thread can be inside (the controller proved it), before our
+// dlclose: the slots' memory, which a handler or wrapper in flight writes.
+REMORA_TOOL_EXPORT void remora_tool_release(void) {
+  if (__atomic_load_n(&g_pinned, __ATOMIC_ACQUIRE) == 0) release_slot_memory();
 }
 
 // ---- test-only queries (tests/default_tool) ----
