@@ -26,16 +26,7 @@ struct CallCommandOptions {
   pid_t tid = 0;
   long timeout_ms = 5000;
   std::string ret = "long";
-};
-
-// CLI11 2.1 cannot print positionals it does not parse itself; spell them out.
-class CallFormatter : public CLI::Formatter {
- public:
-  std::string make_usage(const CLI::App* app, std::string name) const override {
-    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
-    while (!usage.empty() && usage.back() == '\n') usage.pop_back();
-    return usage + " [LIB:]SYMBOL [ARG...]\n";
-  }
+  std::vector<std::string> words;  // [LIB:]SYMBOL [ARG...], verbatim
 };
 
 int run_call(const CallCommandOptions& o, const std::vector<std::string>& words) {
@@ -91,7 +82,7 @@ void add_call_command(CLI::App& root, Dispatch& dispatch) {
       root.add_subcommand("call", "Make one thread of a running process call a function and return");
   // Everything from SYMBOL on is the call, taken verbatim: "-1" is an
   // argument there, not an option. So options go before SYMBOL.
-  sub->prefix_command();
+  add_verbatim_words(sub, opts->words, "[LIB:]SYMBOL [ARG...]");
   add_pid_option(sub, opts->pid, "Process to call into");
   sub->add_option("-T,--tid", opts->tid, "Thread to use (default: Remora picks one blocked in a system call)")
       ->check(CLI::PositiveNumber);
@@ -115,14 +106,7 @@ void add_call_command(CLI::App& root, Dispatch& dispatch) {
       "  remora call -p 4242 -T 4250 --ret int getpid\n"
       "\n" +
       exit_code_footer());
-  sub->formatter(std::make_shared<CallFormatter>());
-  sub->callback([opts, sub, &root, &dispatch] {
-    std::vector<std::string> words = sub->remaining();
-    // After "--" CLI11 hands the rest to the root app (the subcommand has no
-    // positionals to take them); main() makes the root keep them in order.
-    if (words.empty()) words = root.remaining();
-    dispatch.run = [opts, words = std::move(words)] { return run_call(*opts, words); };
-  });
+  sub->callback([opts, &dispatch] { dispatch.run = [opts] { return run_call(*opts, opts->words); }; });
 }
 
 }  // namespace remora::cli

@@ -1,13 +1,17 @@
 // The options several subcommands share, declared in one place so that they
 // parse, check and read alike in every --help: -p/--pid (attach, detach,
-// status, call), --timeout (attach, detach, call, run) and --channel (attach,
-// detach, status).
+// status, call), --timeout (attach, detach, call, run), --channel (attach,
+// detach, status) and the verbatim words that end call's and run's command
+// lines.
 #pragma once
 
 #include <sys/types.h>
 
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/cli11.h"
 
@@ -49,6 +53,34 @@ inline CLI::Option* add_slurm_option(CLI::App* sub, CLI::Option* pid, std::strin
 }
 inline void require_pid_or_slurm(const CLI::Option* pid, const CLI::Option* slurm) {
   if (pid->count() == 0 && slurm->count() == 0) throw CLI::RequiredError("--pid (or --slurm JOBID)");
+}
+
+// CLI11 2.1 prints a positional by its name only, and names cannot hold
+// "[:]" or spaces: the usage line of add_verbatim_words is written here, and
+// its positional is not listed (the subcommand's footer describes it).
+class VerbatimWordsFormatter : public CLI::Formatter {
+ public:
+  explicit VerbatimWordsFormatter(std::string usage) : usage_(std::move(usage)) {}
+  std::string make_usage(const CLI::App* /*app*/, std::string name) const override {
+    return get_label("Usage") + ": " + name + " [" + get_label("OPTIONS") + "] " + usage_ + "\n";
+  }
+  std::string make_positionals(const CLI::App* /*app*/) const override { return {}; }
+
+ private:
+  std::string usage_;
+};
+
+// The words from the first positional on, taken verbatim: call's
+// [LIB:]SYMBOL [ARG...], run's CMD [ARG...]. Once a positional is met every
+// later word is one (CLI11's positionals_at_end), so "-1" or a program's own
+// "--flag" is never taken for an option of ours; "--" before them is
+// accepted and dropped. An unknown option before them is an error, as in
+// every other subcommand. `usage` spells them in the usage line, e.g.
+// "[LIB:]SYMBOL [ARG...]".
+inline CLI::Option* add_verbatim_words(CLI::App* sub, std::vector<std::string>& words, std::string usage) {
+  sub->formatter(std::make_shared<VerbatimWordsFormatter>(std::move(usage)));
+  sub->positionals_at_end();
+  return sub->add_option("words", words);
 }
 
 }  // namespace remora::cli

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -161,7 +162,19 @@ void add_events_command(CLI::App& root, Dispatch& dispatch) {
   sub->add_flag("--follow", args->follow, "follow fork children too (lines are prefixed with the pid)");
   sub->add_option("--timeout", args->timeout_ms, "deadline in ms to reach the launch stop (default 10000)");
   sub->add_option("command", args->command, "program and arguments to launch (after --)");
-  sub->callback([args, &dispatch]() { dispatch.run = [args]() { return run_events(*args); }; });
+  // Once a positional is met every later word is one: a stray word before
+  // "--" takes the rest into `command`, and the check below names it (else
+  // the root would name only what follows "--").
+  sub->positionals_at_end();
+  sub->callback([args, sub, &dispatch]() {
+    // CMD comes after "--" only, so a stray word is never launched. CLI11
+    // keeps the "--" it consumed to fill a positional among the leftovers
+    // (remaining() has it, remaining_size() does not count it).
+    const auto left = sub->remaining();
+    if (!args->command.empty() && std::find(left.begin(), left.end(), "--") == left.end())
+      throw CLI::ExtrasError(sub->get_name(), args->command);
+    dispatch.run = [args]() { return run_events(*args); };
+  });
 }
 
 }  // namespace remora::cli

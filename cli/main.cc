@@ -37,9 +37,10 @@ int main(int argc, char** argv) {
       "remora"};
   app.set_version_flag("--version", REMORA_VERSION);
   app.require_subcommand(1);
-  // Keep words the root does not parse, in order: after "--" CLI11 returns
-  // them to the root, and a subcommand takes them from there (call_command.cc).
-  app.prefix_command();
+  // No extras anywhere: an unknown option or a stray word is a usage error
+  // (subcommands inherit this). call and run take what follows their first
+  // positional verbatim, events what follows "--" (common_options.h,
+  // add_verbatim_words; events_command.cc).
   app.footer(exit_code_footer());
 
   // Only the command asked for is built: building all seven (their options,

@@ -48,15 +48,7 @@ struct RunCommandOptions {
   bool no_tool = false;
   bool listen = false;  // opt in to the socket channel (REMORA_TOOL_ATTACH=1)
   long timeout_ms = 10000;
-};
-
-class RunFormatter : public CLI::Formatter {
- public:
-  std::string make_usage(const CLI::App* app, std::string name) const override {
-    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
-    while (!usage.empty() && usage.back() == '\n') usage.pop_back();
-    return usage + " [--] CMD [ARG...]\n";
-  }
+  std::vector<std::string> words;  // CMD [ARG...], verbatim
 };
 
 void note(const std::string& text) {
@@ -311,7 +303,8 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
   auto opts = std::make_shared<RunCommandOptions>();
   CLI::App* sub = root.add_subcommand(
       "run", "Start a program with the agent preloaded and tools attached until it exits");
-  sub->prefix_command();
+  // Everything from CMD on is CMD's, its own options included.
+  add_verbatim_words(sub, opts->words, "[--] CMD [ARG...]");
   auto* tools =
       sub->add_option("-t,--tools", opts->tools,
                       "Tool libraries LIB[:LIB...] (default: libremora-tool.so next to the agent, or "
@@ -343,12 +336,9 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
       "  remora run -t ./libmytool.so -e MYTOOL_LEVEL=2 -- make -j8\n"
       "\n" +
       exit_code_footer());
-  sub->formatter(std::make_shared<RunFormatter>());
-  sub->callback([opts, sub, tools, &root, &dispatch] {
+  sub->callback([opts, tools, &dispatch] {
     opts->tools_given = tools->count() > 0;
-    std::vector<std::string> words = sub->remaining();
-    if (words.empty()) words = root.remaining();
-    dispatch.run = [opts, words = std::move(words)] { return run_run(*opts, words); };
+    dispatch.run = [opts] { return run_run(*opts, opts->words); };
   });
 }
 

@@ -638,7 +638,7 @@ void add_slurm_node_command(CLI::App& root, Dispatch& dispatch) {
   sub->add_option("--job", o->job)->required();
   sub->add_option("--step", o->step);
   auto* tools = sub->add_option("--tools", o->tools);
-  sub->add_option("--env", o->env);
+  sub->add_option("--env", o->env)->allow_extra_args(false);  // one NAME=VALUE each, as node_argv writes
   sub->add_option("--timeout", o->timeout_ms);
   sub->add_option("--front-timeout", o->front_timeout_ms);
   sub->add_option("--channel", o->channel);
