@@ -357,7 +357,10 @@ int detach_all_locked() {
 }
 
 // At exit: detach if still attached, then fini, on the exiting thread.
+// Not after an unload began: the tools are finalised, and a fork that
+// raced the unload may have left g_lock taken for good.
 void at_exit() {
+  if (__atomic_load_n(&remora_agent_info.unloading, __ATOMIC_ACQUIRE) != 0) return;
   pthread_mutex_lock(&g_lock);
   if (remora_agent_info.attached) detach_all_locked();
   for (int i = g_tool_count - 1; i >= 0; --i)
@@ -557,9 +560,11 @@ void drop_loader_reference() {
 // tool's own (the default tool's state lock), the order of the listener,
 // which holds g_lock while it calls into the tools.
 void lock_for_fork() {
+  HookScope in;
   if (pthread_mutex_lock(&g_lock) == 0) g_fork_locked = true;  // EDEADLK: the forking thread holds it
 }
 void unlock_after_fork() {
+  HookScope in;
   if (!g_fork_locked) return;
   g_fork_locked = false;
   pthread_mutex_unlock(&g_lock);
@@ -573,7 +578,7 @@ void register_fork_lock() {
   const unsigned loads = g_tool_loads;
   pthread_mutex_unlock(&g_lock);
   pthread_mutex_lock(&g_fork_register_lock);
-  if (g_fork_handler_after != loads && pthread_atfork(lock_for_fork, unlock_after_fork, nullptr) == 0)
+  if (g_fork_handler_after != loads && register_fork_handlers(lock_for_fork, unlock_after_fork, nullptr) == 0)
     g_fork_handler_after = loads;
   pthread_mutex_unlock(&g_fork_register_lock);
 }
@@ -630,7 +635,7 @@ __attribute__((constructor)) void agent_init() {
                                REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD |
                                REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH |
                                REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST | REMORA_AGENT_FEATURE_PROVEN_UNLOAD;
-  pthread_atfork(nullptr, nullptr, after_fork_child);
+  register_fork_handlers(nullptr, nullptr, after_fork_child);
   // No listener: a controller asks for it (remora_agent_start_listener),
   // or, opted in to the socket channel, through it (channel.cc; no thread).
   remora_agent::channel_init();
@@ -646,6 +651,7 @@ __attribute__((destructor)) void agent_fini() {
   // controller's proof: exit() after a refused unload leaves them as they are.
   if (__atomic_load_n(&remora_agent_info.unload_go, __ATOMIC_ACQUIRE) != 0)
     release_tools(g_unload_tools, g_unload_count);
+  unregister_fork_handlers();  // none are left after remora_agent_unload_forks
   remora_agent::channel_fini();
   free_stack(&g_listener_stack);
   free_stack(&lease_stack());
@@ -890,18 +896,34 @@ REMORA_EXPORT int remora_agent_unload(void) {
     remora_agent_info.self_handle = reinterpret_cast<uint64_t>(self);
   // What the controller must prove before the dlclose (unload.cc). Without
   // a plan, unload_code_count stays 0 and no controller unloads the agent.
-  // The listener leaves either way: the tools are finalised.
+  // The listener stays for remora_agent_unload_forks; without a plan it
+  // leaves at once: the tools are finalised, and nothing more can be done.
   char why[640];
   int rc = REMORA_AGENT_OK;
+  remora_agent_info.unloading = 1;
   if (!plan_unload(g_unload_tools, g_unload_count, self, &g_hooks_inside, why, sizeof why)) {
     remora_agent_info.unload_code_count = 0;
     set_message("%s: the agent stays loaded (its tools are finalised)", why);
     rc = REMORA_AGENT_ERR_NOT_UNLOADABLE;
+    __atomic_fetch_or(&g_futex_word, kUnloadBit, __ATOMIC_RELEASE);
   }
-  remora_agent_info.unloading = 1;
-  __atomic_fetch_or(&g_futex_word, kUnloadBit, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&g_lock);
   return finish(rc);
+}
+
+// See agent/protocol.h. On the listener, every other thread stopped by the
+// controller and none inside fork(): glibc's list of fork handlers can
+// shrink without a fork walking it. Then the listener leaves.
+REMORA_EXPORT int remora_agent_unload_forks(void) {
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
+  if (remora_agent_info.unloading == 0) {
+    set_message("no unload is in progress");
+    return finish(REMORA_AGENT_ERR_BAD_ARGUMENT);
+  }
+  release_fork_handlers(g_unload_tools, g_unload_count);
+  remora_agent_info.unloading = 2;
+  __atomic_fetch_or(&g_futex_word, kUnloadBit, __ATOMIC_RELEASE);
+  return finish(REMORA_AGENT_OK);
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {

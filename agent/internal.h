@@ -56,6 +56,14 @@ struct UnloadTool {
 // `hooks_inside`: the agent's own count of controllers' threads in its hooks.
 bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
                  char* why, size_t why_size);
+// The agent's fork handlers, registered under a key of their own so that
+// an unload can take them out of glibc's list before its proof (glibc
+// offers no other way than __cxa_finalize of the key they were registered
+// with; nothing else is registered with it).
+int register_fork_handlers(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+void unregister_fork_handlers();
+// The tools' fork handlers (remora_tool_quiesce's fork_key), then ours.
+void release_fork_handlers(const UnloadTool* tools, int count);
 // The agent's destructor, once the controller has proven the unload safe
 // (unload_go): each tool's remora_tool_release, then its dlclose.
 void release_tools(const UnloadTool* tools, int count);

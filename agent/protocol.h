@@ -133,7 +133,8 @@ struct remora_agent_info {
   char message[REMORA_AGENT_MESSAGE_SIZE]; /* why the last call failed ("" on success) */
   /* Protocol 3 (REMORA_AGENT_FEATURE_UNLOAD): */
   uint64_t self_handle; /* the agent's own dlopen handle, set by remora_agent_unload */
-  int32_t unloading;    /* 1 once remora_agent_unload ran: the listener is leaving */
+  int32_t unloading;    /* 1 once remora_agent_unload ran; protocol 7: 2 once
+                           remora_agent_unload_forks ran (the listener is leaving) */
   int32_t forked_from;  /* protocol 4: the parent (this process's view) when it was forked attached, else 0 */
   char kept[REMORA_AGENT_TOOLS_SIZE]; /* tools remora_agent_unload could not unload, ':'-separated */
   /* Protocol 5: 1 from a remora_agent_loader_attach until the listener has
@@ -167,6 +168,12 @@ struct remora_agent_info {
    * exit() after an unload that was refused leaves them as they are. */
   uint32_t unload_go;
   uint32_t reserved7;
+  /* [start, end) of the C library's fork(), set with unload_code: a thread
+   * whose stack holds a return address into it is inside a fork, where it
+   * may be about to call a fork handler of ours that it read before the
+   * unload unregistered them (glibc 2.36 calls each handler without its
+   * lock held). The controller waits for such a thread to leave. */
+  uint64_t unload_fork[2];
 };
 
 /* The argument of remora_agent_loader_attach, in the controller's scratch
@@ -222,12 +229,20 @@ struct remora_agent_loader_request {
  *     controller must find at zero, with every thread stopped, before it
  *     (the agent's destructor calls each tool's remora_tool_release and
  *     dlcloses it). Refused (NOT_UNLOADABLE) while the socket channel is
- *     open. Records the agent's own handle in self_handle and tells
+ *     open. Protocol 7: `unloading` is 1 and the listener stays for
+ *     remora_agent_unload_forks. Records the agent's own handle in self_handle and tells
  *     the listener to return as soon as the call is over: the controller waits
  *     for its thread to be gone, then has a fresh thread dlclose(self_handle)
  *     (never the listener, whose code that is; never an interrupted thread,
  *     which may hold the loader lock). After this call the agent takes no
  *     more calls: a later attach loads it afresh.
+ * int remora_agent_unload_forks(void);
+ *     Protocol 7, after remora_agent_unload, while the controller holds
+ *     every other thread stopped and none inside fork(): takes the tools'
+ *     fork handlers (remora_tool_quiesce's fork_key) and the agent's out of
+ *     glibc's list (__cxa_finalize of their keys; glibc 2.36 indexes past
+ *     the end of that list when it shrinks under a fork), sets `unloading`
+ *     to 2 and has the listener return.
  * int remora_agent_loader_attach(const struct remora_agent_loader_request* r);
  *     Protocol 5. Not a remote call: the controller's loader thread calls it
  *     (the trampoline's hook) once its dlopen of the agent returned. It

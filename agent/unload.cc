@@ -16,8 +16,10 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent/internal.h"
 #include "agent/protocol.h"
@@ -25,6 +27,12 @@
 
 extern "C" {
 extern struct remora_agent_info remora_agent_info;
+// glibc's, exported since 2.3.2 and 2.2.5: pthread_atfork is
+// __register_atfork with the caller's __dso_handle, and __cxa_finalize(d)
+// runs d's exit functions (none are registered with our key) and then
+// unregisters every fork handler registered with d.
+int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), void* dso_handle);
+void __cxa_finalize(void* dso_handle);
 }
 
 namespace remora_agent {
@@ -93,7 +101,26 @@ int signal_into_ranges() {
   return 0;
 }
 
+char g_fork_key;
+
 }  // namespace
+
+int register_fork_handlers(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
+  return __register_atfork(prepare, parent, child, &g_fork_key);
+}
+
+void unregister_fork_handlers() { __cxa_finalize(&g_fork_key); }
+
+void release_fork_handlers(const UnloadTool* tools, int count) {
+  for (int i = count - 1; i >= 0; --i) {
+    if (tools[i].handle == nullptr) continue;
+    const auto* q = static_cast<const remora_tool_quiesce_t*>(dlsym(tools[i].handle, "remora_tool_quiesce"));
+    if (q != nullptr && q->size >= offsetof(remora_tool_quiesce_t, fork_key) + sizeof q->fork_key &&
+        q->fork_key != nullptr)
+      __cxa_finalize(q->fork_key);
+  }
+  unregister_fork_handlers();
+}
 
 bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
                  char* why, size_t why_size) {
@@ -134,6 +161,15 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
     c[1] = q->stripes;
     c[2] = q->stride;
   }
+  Dl_info fork_info{};
+  ElfW(Sym)* fork_sym = nullptr;
+  if (dladdr1(reinterpret_cast<void*>(&fork), &fork_info, reinterpret_cast<void**>(&fork_sym), RTLD_DL_SYMENT) == 0 ||
+      fork_sym == nullptr || fork_info.dli_saddr == nullptr || fork_sym->st_size == 0) {
+    snprintf(why, why_size, "the C library's fork() was not found");
+    return false;
+  }
+  in.unload_fork[0] = reinterpret_cast<uintptr_t>(fork_info.dli_saddr);
+  in.unload_fork[1] = in.unload_fork[0] + fork_sym->st_size;
   if (const int sig = signal_into_ranges(); sig != 0) {
     snprintf(why, why_size, "the handler of signal %d is still in the code the unload would unmap", sig);
     return false;

@@ -117,7 +117,8 @@ remora_tool_configure_attach_result_t* remora_configure_attach(uint32_t abi_vers
  * A tool that cannot be unloaded (a thread blocked for good inside one of its
  * wrappers) sets *pinned to 1 in tool_fini and keeps itself mapped
  * (dlopen RTLD_NODELETE): it is then left out of the proof and named as kept.
- * A tool that exports nothing has no code that outlives tool_fini.
+ * A tool that exports nothing has no code that outlives tool_fini, and no
+ * fork handlers (pthread_atfork) either.
  *
  *   void remora_tool_release(void);
  *
@@ -131,6 +132,13 @@ typedef struct remora_tool_quiesce {
   uint64_t stride;
   const long* counters;
   const int32_t* pinned; /* may be NULL: never pinned */
+  /* The key the tool registered its fork handlers under
+   * (__register_atfork(prepare, parent, child, fork_key)), NULL: none. The
+   * agent unregisters them (__cxa_finalize(fork_key)) while the controller
+   * holds every other thread stopped and none inside fork(): glibc 2.36
+   * indexes past the end of its list of handlers when it shrinks under a
+   * fork, as a dlclose's unregistration of pthread_atfork handlers would. */
+  void* fork_key;
 } remora_tool_quiesce_t;
 typedef void (*remora_tool_release_fn)(void);
 

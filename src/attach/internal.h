@@ -57,6 +57,7 @@ struct AgentSymbols {
   uint64_t attach_unmap_fn = 0;   // 0 for an agent older than this entry point
   uint64_t attach_leased_fn = 0;  // 0 for an agent of protocol 1 (no FEATURE_LEASED_ATTACH)
   uint64_t unload_fn = 0;         // 0 for an agent of protocol 2 or older (no FEATURE_UNLOAD)
+  uint64_t unload_forks_fn = 0;   // 0 for an agent of protocol 6 or older (no FEATURE_PROVEN_UNLOAD)
 };
 
 // Runs work(i) for every i < n, on two threads per core but at most eight,

@@ -30,78 +30,68 @@ std::string hex(uint64_t v) {
 
 namespace a = arch::host;
 
-bool signal_pending_for(pid_t pid, pid_t tid) {
+// Whether a signal that runs a handler is pending for `tid` (or is the one
+// it stopped to take, `delivering`): its EINTR is then the handler's, and
+// kept. A signal without a handler does not count: while we trace a thread
+// the kernel queues even the ones it would discard (SIGCHLD of a forking
+// program), and they interrupt nothing once it runs again.
+bool handled_signal_for(pid_t pid, pid_t tid, int delivering) {
   auto st = procfs::read_status(pid, tid);
   if (!st) return true;  // be conservative: keep the EINTR
-  return ((st->sig_pnd | st->shd_pnd) & ~st->sig_blk) != 0;
+  uint64_t due = (st->sig_pnd | st->shd_pnd) & ~st->sig_blk;
+  if (delivering > 0) due |= uint64_t{1} << (delivering - 1);
+  return (due & st->sig_cgt) != 0;
 }
 
-// The threads this check stopped, each let go again when the check is over,
-// whatever happened, as if nothing had: with the signal it was about to
-// take, and a call that our stop alone made fail with EINTR (epoll_wait and
-// the others the kernel never restarts after a stop) re-issued
-// (arch/syscall_restart.h, kReissueOnEintr), as a remote call's
-// transaction does.
-class StoppedThreads {
- public:
-  explicit StoppedThreads(pid_t pid) : pid_(pid) {}
-  StoppedThreads(const StoppedThreads&) = delete;
-  StoppedThreads& operator=(const StoppedThreads&) = delete;
-  ~StoppedThreads() {
-    for (const auto& [tid, h] : held_) {
-      if (h.reissue) (void)ptrace::set_regs(tid, h.resume);
-      (void)ptrace::detach(tid, h.sig);
-    }
+// The words from a stopped thread's stack pointer up, kForkScanBytes at
+// most, fewer where its stack ends (the next page unmapped).
+std::vector<uint64_t> stack_words(const remote::Memory& mem, uint64_t sp) {
+  constexpr uint64_t kPage = 4096;
+  std::vector<uint64_t> words;
+  uint64_t at = sp & ~uint64_t{7};
+  const uint64_t end = at + kForkScanBytes;
+  while (at < end) {
+    const uint64_t chunk_end = std::min(end, (at / kPage + 1) * kPage);
+    std::vector<uint64_t> part((chunk_end - at) / 8);
+    if (part.empty() || !mem.read(at, std::as_writable_bytes(std::span(part)))) break;
+    words.insert(words.end(), part.begin(), part.end());
+    at = chunk_end;
   }
-  bool holds(pid_t tid) const { return held_.count(tid) != 0; }
-  void add(pid_t tid) { held_[tid] = Held{}; }
-  void set_signal(pid_t tid, int sig) { held_[tid].sig = sig; }
-  void forget(pid_t tid) { held_.erase(tid); }
-  std::vector<pid_t> tids() const {
-    std::vector<pid_t> out;
-    for (const auto& [tid, h] : held_) out.push_back(tid);
-    return out;
-  }
-  // The registers of a stopped thread, noting what its release must repair.
-  Result<ptrace::Regs> regs(pid_t tid) {
-    auto r = REMORA_TRY(ptrace::get_regs(tid));
-    const int64_t nr = a::syscall_nr(r);
-    if (nr >= 0 && a::return_value(r) == -EINTR && a::never_restarted(nr)) {
-      const auto kind = a::classify_restart(r, signal_pending_for(pid_, tid));
-      if (kind == arch::RestartKind::kReissueOnEintr) {
-        held_[tid].reissue = true;
-        held_[tid].resume = a::resume_registers(r, kind, /*use_restart_syscall=*/true);
-      }
-    }
-    return r;
-  }
+  return words;
+}
 
- private:
-  struct Held {
-    int sig = 0;  // the signal to deliver at the detach
-    bool reissue = false;
-    ptrace::Regs resume{};
-  };
-  pid_t pid_;
-  std::map<pid_t, Held> held_;
-};
 
-// Seizes and interrupts every thread of `pid` not held yet, until a listing
-// finds no new one (a thread created meanwhile is stopped in the next
-// round). An empty `why` on success.
-Result<std::string> seize_all(pid_t pid, StoppedThreads& held) {
+}  // namespace
+
+Freeze::~Freeze() {
+  for (auto& [tid, h] : held_) {
+    // Seized but not seen stopped (a failure cut the freeze short): only a
+    // stopped tracee can be let go.
+    if (!h.stopped && ptrace::interrupt(tid)) {
+      auto st = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(1)));
+      if (st && st->kind == ptrace::Stop::Kind::kSignalDelivery) h.sig = st->sig;
+    }
+    if (h.reissue) (void)ptrace::set_regs(tid, h.resume);
+    (void)ptrace::detach(tid, h.sig);
+  }
+}
+
+// Seizes and interrupts every thread not held yet, but `spared`, until a
+// listing finds no new one (a thread created meanwhile is stopped in the
+// next round). "" on success, else why not.
+Result<std::string> Freeze::seize_all(pid_t spared) {
   for (int round = 0; round < 64; ++round) {
-    auto tasks = REMORA_TRY(procfs::list_tasks(pid));
+    auto tasks = REMORA_TRY(procfs::list_tasks(pid_));
     bool fresh = false;
     for (pid_t tid : tasks) {
-      if (held.holds(tid)) continue;
+      if (tid == spared || held_.count(tid) != 0) continue;
       fresh = true;
-      auto s = ptrace::seize(pid, tid, 0);
+      auto s = ptrace::seize(pid_, tid, 0);
       if (!s) {
         if (s.error().code() == Errc::kNoSuchProcess) continue;  // it exited meanwhile
         return "thread " + std::to_string(tid) + " cannot be stopped: " + s.error().to_string();
       }
-      held.add(tid);
+      held_[tid] = Held{};
       if (auto i = ptrace::interrupt(tid); !i) return std::move(i).error();
     }
     if (!fresh) return std::string();
@@ -109,50 +99,51 @@ Result<std::string> seize_all(pid_t pid, StoppedThreads& held) {
   return std::string("the process kept creating threads while they were being stopped");
 }
 
-// Waits for each held thread's stop. Returns "" once all are stopped (the
-// ones that exited are let go), or why not.
-std::string wait_all_stopped(StoppedThreads& held, const Deadline& deadline) {
-  for (pid_t tid : held.tids()) {
-    auto st = ptrace::wait_stop(tid, deadline);
+// Waits for each held thread's stop, every one of them: a thread is let go
+// only from a stop (PTRACE_DETACH of a running tracee fails, and it would
+// stop later for good). "" once all are stopped (the ones that exited are
+// let go), or why not; a thread that would not stop in time is waited for
+// a while longer before it is given up.
+std::string Freeze::wait_all_stopped(const Deadline& deadline) {
+  std::vector<pid_t> tids;
+  for (const auto& [tid, h] : held_) tids.push_back(tid);
+  std::string why;
+  for (pid_t tid : tids) {
+    const Deadline until = why.empty() ? deadline : Deadline::after(std::chrono::milliseconds(100));
+    auto st = ptrace::wait_stop(tid, until);
+    if (!st && st.error().code() == Errc::kTimedOut && why.empty()) {
+      why = "thread " + std::to_string(tid) + " did not stop: " + st.error().to_string();
+      st = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(1)));
+    }
     if (!st) {
-      if (st.error().code() == Errc::kTargetExited) {
-        held.forget(tid);
-        continue;
-      }
-      return "thread " + std::to_string(tid) + " did not stop: " + st.error().to_string();
+      if (st.error().code() == Errc::kTargetExited) held_.erase(tid);
+      continue;
     }
-    switch (st->kind) {
-      case ptrace::Stop::Kind::kExited:
-      case ptrace::Stop::Kind::kKilled:
-        held.forget(tid);
-        break;
-      case ptrace::Stop::Kind::kSignalDelivery:
-        held.set_signal(tid, st->sig);  // delivered when it is let go
-        break;
-      default:
-        break;
+    if (st->kind == ptrace::Stop::Kind::kExited || st->kind == ptrace::Stop::Kind::kKilled) {
+      held_.erase(tid);
+      continue;
     }
+    if (st->kind == ptrace::Stop::Kind::kSignalDelivery) held_[tid].sig = st->sig;  // delivered when let go
+    held_[tid].stopped = true;
   }
-  return std::string();
+  return why;
 }
 
-Result<std::vector<long>> read_counters(pid_t pid, const UnloadPlan& plan) {
-  std::vector<long> out;
-  if (plan.counters.empty()) return out;
-  auto mem = REMORA_TRY(remote::Memory::open(pid));
-  for (const auto& c : plan.counters) {
-    std::vector<std::byte> bytes(c.stripes * c.stride);
-    REMORA_TRY_CTX(mem.read(c.address, bytes), "read a tool's counts of threads inside its code");
-    for (uint64_t i = 0; i < c.stripes; ++i) {
-      long v = 0;
-      std::memcpy(&v, bytes.data() + i * c.stride, sizeof v);
-      out.push_back(v);
-    }
+// For each stopped thread: a call that our stop alone made fail with EINTR
+// is re-issued at its release.
+void Freeze::plan_repairs() {
+  for (auto& [tid, h] : held_) {
+    if (!h.stopped) continue;
+    auto r = ptrace::get_regs(tid);
+    if (!r) continue;
+    const int64_t nr = a::syscall_nr(*r);
+    if (nr < 0 || a::return_value(*r) != -EINTR || !a::never_restarted(nr)) continue;
+    const auto kind = a::classify_restart(*r, handled_signal_for(pid_, tid, h.sig));
+    if (kind != arch::RestartKind::kReissueOnEintr) continue;
+    h.reissue = true;
+    h.resume = a::resume_registers(*r, kind, /*use_restart_syscall=*/true);
   }
-  return out;
 }
-
-}  // namespace
 
 Result<UnloadPlan> unload_plan(const remora_agent_info& info) {
   if ((info.features & REMORA_AGENT_FEATURE_PROVEN_UNLOAD) == 0)
@@ -168,6 +159,8 @@ Result<UnloadPlan> unload_plan(const remora_agent_info& info) {
                                           (said.empty() ? std::string() : " (" + said + ")"));
   }
   UnloadPlan plan;
+  plan.fork = {info.unload_fork[0], info.unload_fork[1]};
+  if (plan.fork.end <= plan.fork.start) return Error(Errc::kParse, "the agent's unload plan has no fork() range");
   for (uint32_t i = 0; i < info.unload_code_count; ++i) {
     const uint64_t start = info.unload_code[i][0], end = info.unload_code[i][1];
     if (end <= start) return Error(Errc::kParse, "the agent's unload plan has an empty code range");
@@ -184,15 +177,19 @@ Result<UnloadPlan> unload_plan(const remora_agent_info& info) {
   return plan;
 }
 
-QuiescenceCheck judge(const UnloadPlan& plan, std::span<const std::pair<pid_t, uint64_t>> pcs,
-                      std::span<const long> inside) {
+bool holds_return_into(std::span<const uint64_t> stack, const UnloadPlan::Range& fork) {
+  // A return address follows its call: it is never the function's entry.
+  return std::any_of(stack.begin(), stack.end(), [&](uint64_t w) { return w > fork.start && w <= fork.end; });
+}
+
+QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads, std::span<const long> inside) {
   QuiescenceCheck out;
-  out.threads = pcs.size();
-  for (const auto& [tid, pc] : pcs) {
+  out.threads = threads.size();
+  for (const auto& t : threads) {
     for (const auto& r : plan.code) {
-      if (pc >= r.start && pc < r.end) {
-        out.why = "thread " + std::to_string(tid) + " is running the code the unload would unmap (pc " + hex(pc) +
-                  ")";
+      if (t.pc >= r.start && t.pc < r.end) {
+        out.why = "thread " + std::to_string(t.tid) + " is running the code the unload would unmap (pc " +
+                  hex(t.pc) + ")";
         return out;
       }
     }
@@ -209,20 +206,55 @@ QuiescenceCheck judge(const UnloadPlan& plan, std::span<const std::pair<pid_t, u
   return out;
 }
 
-Result<QuiescenceCheck> check_quiescent(pid_t pid, const UnloadPlan& plan, const Deadline& deadline) {
-  StoppedThreads held(pid);
+QuiescenceCheck judge_forks(std::span<const ThreadLook> threads) {
   QuiescenceCheck out;
-  out.why = REMORA_TRY(seize_all(pid, held));
-  if (out.why.empty()) out.why = wait_all_stopped(held, deadline);
-  if (!out.why.empty()) return out;
-  std::vector<std::pair<pid_t, uint64_t>> pcs;
-  for (pid_t tid : held.tids()) {
-    auto regs = held.regs(tid);
-    if (!regs) return std::move(regs).error().with_context("read the registers of thread " + std::to_string(tid));
-    pcs.emplace_back(tid, arch::pc(*regs));
+  out.threads = threads.size();
+  for (const auto& t : threads) {
+    if (t.in_fork) {
+      out.why = "thread " + std::to_string(t.tid) + " is inside fork(), where it may call a fork handler of ours";
+      return out;
+    }
   }
-  auto inside = REMORA_TRY(read_counters(pid, plan));
-  return judge(plan, pcs, inside);
+  out.proven = true;
+  return out;
+}
+
+// Reads each held thread's program counter and stack top.
+Result<void> Freeze::look(const UnloadPlan& plan) {
+  auto mem = REMORA_TRY(remote::Memory::open(pid_));
+  for (auto& [tid, h] : held_) {
+    auto r = ptrace::get_regs(tid);
+    if (!r) return std::move(r).error().with_context("read the registers of thread " + std::to_string(tid));
+    looks_.push_back({tid, arch::pc(*r), holds_return_into(stack_words(mem, arch::sp(*r)), plan.fork)});
+  }
+  return ok();
+}
+
+Result<std::unique_ptr<Freeze>> Freeze::stop(pid_t pid, pid_t spared, const UnloadPlan& plan,
+                                             const Deadline& deadline) {
+  std::unique_ptr<Freeze> f(new Freeze(pid));
+  f->why_ = REMORA_TRY(f->seize_all(spared));
+  // Every thread seized is waited for, whatever stopped the seizing.
+  const std::string waited = f->wait_all_stopped(deadline);
+  if (f->why_.empty()) f->why_ = waited;
+  f->plan_repairs();
+  if (f->why_.empty()) REMORA_TRY(f->look(plan));
+  return f;
+}
+
+Result<std::vector<long>> Freeze::counts(const UnloadPlan& plan) const {
+  auto mem = REMORA_TRY(remote::Memory::open(pid_));
+  std::vector<long> out;
+  for (const auto& c : plan.counters) {
+    std::vector<std::byte> bytes(c.stripes * c.stride);
+    REMORA_TRY_CTX(mem.read(c.address, bytes), "read the counts of threads inside our code");
+    for (uint64_t i = 0; i < c.stripes; ++i) {
+      long v = 0;
+      std::memcpy(&v, bytes.data() + i * c.stride, sizeof v);
+      out.push_back(v);
+    }
+  }
+  return out;
 }
 
 }  // namespace remora::attach::detail

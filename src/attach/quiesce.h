@@ -1,19 +1,28 @@
-// The unload's proof (docs/architecture.md, "The unload"): with every
-// thread of the process stopped, no thread is in the code the agent's
-// dlclose will unmap, and no thread is counted inside a tool (a thread
-// counted in has called out of the tool's code and will return into it).
+// The unload's proof (docs/architecture.md, "The unload"). Two looks at the
+// process with its threads stopped:
+//  - before the agent takes its fork handlers out of glibc's list (a
+//    remote call on the listener, the one thread left running): no thread
+//    is inside fork(), where glibc 2.36 would index past the end of its
+//    shrunk list, or call a handler of ours it read before;
+//  - before the agent's dlclose: no thread is in the code it unmaps, and
+//    none is counted inside a tool or the agent (a thread counted in has
+//    called out of that code and will return into it).
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "agent/protocol.h"
+#include "arch/host.h"
 #include "base/deadline.h"
 #include "base/result.h"
+#include "ptrace/ptrace.h"
 
 namespace remora::attach::detail {
 
@@ -28,31 +37,82 @@ struct UnloadPlan {
   };
   std::vector<Range> code;
   std::vector<Counter> counters;
+  Range fork;  // the C library's fork(): a return address into it means "inside a fork"
 };
 
 // The plan in an info block read whole; an Error when the agent published
 // none (it could not say what it would unmap) or an impossible one.
 Result<UnloadPlan> unload_plan(const remora_agent_info& info);
 
-// What one look at the stopped threads found.
+// What was read of one stopped thread.
+struct ThreadLook {
+  pid_t tid = 0;
+  uint64_t pc = 0;
+  // A return address into fork() within kForkScanBytes above its stack
+  // pointer. (A stale word there only delays the unload.)
+  bool in_fork = false;
+};
+// Deeper than every frame a thread in fork() has between its stack pointer
+// and fork()'s own: glibc's handler runner, a handler of ours or one of the
+// application's blocked on a lock (a few hundred bytes each).
+inline constexpr size_t kForkScanBytes = 4096;
+
+// Whether `stack` (words read from a stopped thread's stack pointer up)
+// holds a return address into `fork`: a word in (start, end].
+bool holds_return_into(std::span<const uint64_t> stack, const UnloadPlan::Range& fork);
+
+// The verdict of one look.
 struct QuiescenceCheck {
   bool proven = false;
-  // Why not, for the user: the thread and what it was doing.
-  std::string why;
+  std::string why;     // why not, for the user: the thread and what it was doing
   size_t threads = 0;  // threads stopped and looked at
 };
 
-// The pure half: given each stopped thread's program counter and the counts
-// read meanwhile, is the plan's code free? (`pcs`: {tid, pc}.)
-QuiescenceCheck judge(const UnloadPlan& plan, std::span<const std::pair<pid_t, uint64_t>> pcs,
-                      std::span<const long> inside);
+// The pure halves: no thread inside fork() (the first look); no thread in
+// the plan's code and none counted inside (the second; by then no fork
+// handler of ours is registered, and a thread inside fork() is no matter).
+QuiescenceCheck judge_forks(std::span<const ThreadLook> threads);
+QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads, std::span<const long> inside);
 
-// Stops every thread of `pid` (PTRACE_SEIZE and PTRACE_INTERRUPT, from the
-// calling thread; threads that appear meanwhile too), reads their program
-// counters and the plan's counters, and lets them all go again, each with
-// the signal it was about to take. A thread another tracer holds, one that
-// does not stop before `deadline`, or one found inside makes `proven`
-// false, with the reason; a system failure is an Error.
-Result<QuiescenceCheck> check_quiescent(pid_t pid, const UnloadPlan& plan, const Deadline& deadline);
+// Every thread of a process but one stopped by the calling thread
+// (PTRACE_SEIZE and PTRACE_INTERRUPT; threads that appear meanwhile too)
+// and looked at; each let go again when this is destroyed, as if nothing
+// had happened: with the signal it was about to take, and a call that the
+// stop alone made fail with EINTR (epoll_wait and the others the kernel
+// never restarts after a stop) re-issued (arch/syscall_restart.h), as a
+// remote call's transaction does.
+class Freeze {
+ public:
+  // `spared`: a thread left running (0: none). Not stopped: `why` says so
+  // (another tracer holds a thread, one did not stop before `deadline`).
+  static Result<std::unique_ptr<Freeze>> stop(pid_t pid, pid_t spared, const UnloadPlan& plan,
+                                              const Deadline& deadline);
+  ~Freeze();
+  Freeze(const Freeze&) = delete;
+  Freeze& operator=(const Freeze&) = delete;
+
+  const std::string& why_not_stopped() const { return why_; }
+  const std::vector<ThreadLook>& threads() const { return looks_; }
+  // The plan's counts, read now (every thread but the spared one stopped).
+  Result<std::vector<long>> counts(const UnloadPlan& plan) const;
+
+ private:
+  struct Held {
+    bool stopped = false;
+    int sig = 0;  // the signal to deliver at the release
+    bool reissue = false;
+    ptrace::Regs resume{};
+  };
+  explicit Freeze(pid_t pid) : pid_(pid) {}
+  Result<std::string> seize_all(pid_t spared);
+  std::string wait_all_stopped(const Deadline& deadline);
+  void plan_repairs();
+  Result<void> look(const UnloadPlan& plan);
+
+  pid_t pid_;
+  std::map<pid_t, Held> held_;
+  std::string why_;
+  std::vector<ThreadLook> looks_;
+};
 
 }  // namespace remora::attach::detail

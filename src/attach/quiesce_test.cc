@@ -26,6 +26,8 @@ remora_agent_info plan_info(std::vector<std::pair<uint64_t, uint64_t>> code,
     for (int i = 0; i < 3; ++i) info.unload_counters[info.unload_counter_count][i] = c[i];
     ++info.unload_counter_count;
   }
+  info.unload_fork[0] = 0xd3e80;
+  info.unload_fork[1] = 0xd4324;
   return info;
 }
 
@@ -37,6 +39,8 @@ TEST(UnloadPlan, ReadFromTheInfoBlock) {
   EXPECT_EQ(plan->code[1].end, 0x7400u);
   ASSERT_EQ(plan->counters.size(), 1u);
   EXPECT_EQ(plan->counters[0].stripes, 64u);
+  EXPECT_EQ(plan->fork.start, 0xd3e80u);
+  EXPECT_EQ(plan->fork.end, 0xd4324u);
 }
 
 TEST(UnloadPlan, RefusedWhenItCannotBeProven) {
@@ -49,7 +53,10 @@ TEST(UnloadPlan, RefusedWhenItCannotBeProven) {
   old_agent.features = REMORA_AGENT_FEATURE_UNLOAD;  // protocol 3-6
   remora_agent_info too_many = plan_info({{0x1000, 0x2000}}, {});
   too_many.unload_code_count = REMORA_AGENT_UNLOAD_RANGES + 1;
+  remora_agent_info no_fork = plan_info({{0x1000, 0x2000}}, {});
+  no_fork.unload_fork[1] = no_fork.unload_fork[0];
   const Row rows[] = {
+      {"no fork() range", no_fork, Errc::kParse},
       {"an agent older than protocol 7", old_agent, Errc::kNotSupported},
       {"no code published (the agent's plan failed)", plan_info({}, {}), Errc::kNotSupported},
       {"more ranges than the block holds", too_many, Errc::kNotSupported},
@@ -71,7 +78,7 @@ TEST(Judge, EveryThreadOutsideAndNoneCountedIsProven) {
   plan.code = {{0x1000, 0x2000}, {0x5000, 0x6000}};
   struct Row {
     const char* what;
-    std::vector<std::pair<pid_t, uint64_t>> pcs;
+    std::vector<ThreadLook> threads;
     std::vector<long> inside;
     bool proven;
     const char* names;  // what the reason must name ("" when proven)
@@ -86,16 +93,51 @@ TEST(Judge, EveryThreadOutsideAndNoneCountedIsProven) {
       // decrement seen first. The sum is what counts.
       {"stripes that cancel out", {{10, 0x900}}, {-1, 1}, true, ""},
       {"two counted on two stripes", {{10, 0x900}}, {1, 0, 1}, false, "2 thread(s)"},
+      // Inside fork() matters to the first look only: by the second, no
+      // fork handler of ours is registered.
+      {"one inside fork()", {{10, 0x900}, {13, 0x7000, true}}, {0}, true, ""},
   };
   for (const auto& r : rows) {
-    auto c = judge(plan, r.pcs, r.inside);
+    auto c = judge(plan, r.threads, r.inside);
     EXPECT_EQ(c.proven, r.proven) << r.what << ": " << c.why;
     EXPECT_NE(c.why.find(r.names), std::string::npos) << r.what << ": " << c.why;
     if (r.proven) {
       EXPECT_TRUE(c.why.empty()) << r.what;
     }
-    EXPECT_EQ(c.threads, r.pcs.size()) << r.what;
+    EXPECT_EQ(c.threads, r.threads.size()) << r.what;
   }
+}
+
+TEST(JudgeForks, NoThreadInsideForkIsProven) {
+  const std::vector<ThreadLook> none = {{10, 0x1000}, {11, 0x2000}};
+  EXPECT_TRUE(judge_forks(none).proven);
+  EXPECT_TRUE(judge_forks({}).proven);
+  const std::vector<ThreadLook> one = {{10, 0x1000}, {12, 0x1000, true}, {13, 0x1000, true}};
+  auto v = judge_forks(one);
+  EXPECT_FALSE(v.proven);
+  EXPECT_NE(v.why.find("thread 12 is inside fork()"), std::string::npos) << v.why;
+  EXPECT_EQ(v.threads, 3u);
+}
+
+// A return address into fork() is any word past its entry up to its end
+// (a call's return address can be the function's last byte + 1 only when
+// the call is its last instruction: fork() ends with a return).
+TEST(ForkScan, ReturnAddressesIntoForkAreFound) {
+  const UnloadPlan::Range fork{0x1000, 0x1400};
+  struct Row {
+    const char* what;
+    std::vector<uint64_t> stack;
+    bool found;
+  };
+  const Row rows[] = {
+      {"empty stack", {}, false},
+      {"the entry itself is no return address", {0x1000}, false},
+      {"one past the entry", {0x42, 0x1001}, true},
+      {"the call before the end", {0x1400}, true},
+      {"past the end", {0x1401, 0xfff}, false},
+      {"deep in the window", {1, 2, 3, 4, 5, 6, 7, 0x13a0}, true},
+  };
+  for (const auto& r : rows) EXPECT_EQ(holds_return_into(r.stack, fork), r.found) << r.what;
 }
 
 }  // namespace

@@ -34,22 +34,78 @@ std::vector<std::string> split_list(const char* list) {
 
 }  // namespace
 
-// Looks at the stopped threads until the unload is proven safe
-// (quiesce.h), or the deadline passes: then the agent and its tools stay,
-// and the last reason found is named. A thread seen inside is given time to
-// come out: 1 ms, doubling to 50 ms, between looks.
-Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline& deadline) {
-  auto pause = std::chrono::milliseconds(1);
+// Between two looks at stopped threads, a thread seen inside is given time
+// to come out: 1 ms, doubling to 50 ms.
+class Backoff {
+ public:
+  void wait(const Deadline& deadline) {
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause_, deadline.remaining()));
+    pause_ = std::min(pause_ * 2, std::chrono::milliseconds(50));
+  }
+
+ private:
+  std::chrono::milliseconds pause_{1};
+};
+
+Error stays_loaded(pid_t pid, const std::string& why, int looks) {
+  return Error(Errc::kTimedOut, "the agent and its tools stay loaded (detached, finalised): " + why +
+                                    ", at the last of " + std::to_string(looks) +
+                                    " looks with the threads stopped. Run remora detach --unload -p " +
+                                    std::to_string(pid) + " again once that thread is out");
+}
+
+// The first look (quiesce.h): every thread but the listener stopped, none
+// inside fork(); then, while they stay stopped, the listener takes our fork
+// handlers out of glibc's list (remora_agent_unload_forks) and leaves.
+Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                                  const remora_agent_info& info, const UnloadPlan& plan, const Deadline& deadline) {
+  if (agent.unload_forks_fn == 0)
+    return Error(Errc::kInternal, "the agent of protocol 7 lacks remora_agent_unload_forks");
+  Backoff backoff;
   for (int looks = 1;; ++looks) {
-    auto look = REMORA_TRY(check_quiescent(pid, plan, deadline));
-    if (look.proven) return ok();
-    if (deadline.expired())
-      return Error(Errc::kTimedOut, "the agent and its tools stay loaded (detached, finalised): " + look.why +
-                                        ", at the last of " + std::to_string(looks) +
-                                        " looks with every thread stopped. Run remora detach --unload -p " +
-                                        std::to_string(pid) + " again once that thread is out");
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    std::string why;
+    {
+      auto frozen = REMORA_TRY(Freeze::stop(pid, info.listener_tid, plan, deadline));
+      why = frozen->why_not_stopped();
+      if (why.empty()) {
+        auto verdict = judge_forks(frozen->threads());
+        why = verdict.why;
+        if (verdict.proven) {
+          // A stopped thread may hold a lock __cxa_finalize takes (its exit
+          // functions' list): then the call is taken back, and tried again.
+          const auto budget = std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1));
+          auto rc = t.call(RemoteAddr(agent.unload_forks_fn), {},
+                           CallOptions{info.listener_tid, std::chrono::duration_cast<std::chrono::milliseconds>(budget)});
+          if (rc && static_cast<int32_t>(rc->value) == REMORA_AGENT_OK) return ok();
+          if (rc) return Error(errc_for_agent(static_cast<int32_t>(rc->value)), "the agent refused to take its fork "
+                                                                                  "handlers out");
+          if (rc.error().code() != Errc::kTimedOut) return std::move(rc).error();
+          why = "the listener waited on a lock another thread holds";
+        }
+      }
+    }
+    if (deadline.expired()) return stays_loaded(pid, why, looks);
+    backoff.wait(deadline);
+  }
+}
+
+// The second look: every thread stopped, none in the code the dlclose
+// unmaps, none counted inside a tool or the agent, none inside fork().
+Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline& deadline) {
+  Backoff backoff;
+  for (int looks = 1;; ++looks) {
+    std::string why;
+    {
+      auto frozen = REMORA_TRY(Freeze::stop(pid, 0, plan, deadline));
+      why = frozen->why_not_stopped();
+      if (why.empty()) {
+        auto verdict = judge(plan, frozen->threads(), REMORA_TRY(frozen->counts(plan)));
+        if (verdict.proven) return ok();
+        why = verdict.why;
+      }
+    }
+    if (deadline.expired()) return stays_loaded(pid, why, looks);
+    backoff.wait(deadline);
   }
 }
 
@@ -61,12 +117,13 @@ Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline
 // thread, which may hold the loader lock) dlcloses it, and the agent's
 // destructor the tools. The trampoline calls block.dlopen_fn(path, flags):
 // here dlclose(self_handle), whose result lands in block.handle.
-Result<void> dlclose_agent(remote::Target& t, pid_t pid, uint64_t info_at, const remora_agent_info& info,
+Result<void> dlclose_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent, const remora_agent_info& info,
                            const Deadline& deadline) {
   if (info.self_handle == 0)
     return Error(Errc::kInternal,
                  "the agent did not find its own handle: it stays loaded (its tools are finalised)");
   const UnloadPlan plan = REMORA_TRY(unload_plan(info));
+  if (info.unloading == 1) REMORA_TRY_CTX(unload_fork_handlers(t, pid, agent, info, plan, deadline), "unload the fork handlers");
   // Our calls ran through the agent's stubs, which go with it: forget them
   // (a retired scratch of our own is removed).
   REMORA_TRY(t.close());
@@ -74,7 +131,7 @@ Result<void> dlclose_agent(remote::Target& t, pid_t pid, uint64_t info_at, const
                  "wait for the agent's listener to return");
   REMORA_TRY(prove_unload_safe(pid, plan, deadline));
   const uint32_t go = 1, no = 0;
-  const RemoteAddr go_at(info_at + offsetof(remora_agent_info, unload_go));
+  const RemoteAddr go_at(agent.info + offsetof(remora_agent_info, unload_go));
   REMORA_TRY_CTX(t.write(go_at, std::as_bytes(std::span(&go, 1))), "tell the agent the unload is proven");
   LoaderRun run;
   const RemoteAddr pthread_create_fn = REMORA_TRY(find_loader_functions(t, &run.block, &run.stack_fns));
@@ -140,7 +197,7 @@ Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbo
   info.kept[sizeof info.kept - 1] = '\0';
   UnloadReport report;
   report.kept_tools = split_list(info.kept);
-  REMORA_TRY_CTX(dlclose_agent(t, pid, agent.info, info, deadline), "unload the agent");
+  REMORA_TRY_CTX(dlclose_agent(t, pid, agent, info, deadline), "unload the agent");
   auto maps = REMORA_TRY(procfs::read_maps(pid));
   if (remote::find_library(pid, maps, kAgentName))
     return Error(Errc::kInternal, std::string("the agent's dlclose returned 0 but ") + kAgentName +

@@ -150,7 +150,7 @@ void cycle(TargetProcess& target, const std::string& out_dir, const std::map<int
   AttachOptions opts;
   opts.tools = {REMORA_DEFAULT_TOOL};
   // A high rate, so that the short session takes samples on every thread.
-  opts.env = {{"REMORA_OUTPUT_PATH", out_dir}, {"REMORA_HZ", "997"}};
+  opts.env = {{"REMORA_OUTPUT_PATH", out_dir}, {"REMORA_SAMPLE_HZ", "997"}};
   opts.agent_path = REMORA_AGENT_PATH;
   auto r = c.attach(pid, opts);
   ASSERT_TRUE(r.ok()) << describe(r.error());

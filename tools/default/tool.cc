@@ -59,6 +59,11 @@ extern "C" {
 __attribute__((visibility("default"))) char remora_default_tool_last_output[4096] = "";
 }
 
+// glibc's (GLIBC_2.3.2, GLIBC_2.2.5): see g_fork_key.
+extern "C" int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void),
+                                 void* dso_handle);
+extern "C" void __cxa_finalize(void* dso_handle);
+
 namespace remora_tool {
 namespace {
 
@@ -119,6 +124,8 @@ pthread_mutex_t g_fork_mu = PTHREAD_MUTEX_INITIALIZER;
 // 1 once release_for_unload kept the tool mapped (RTLD_NODELETE): threads
 // were still inside. Read by the agent through remora_tool_quiesce.
 int32_t g_pinned = 0;
+// The key our fork handlers are registered under (remora_configure).
+char g_fork_key;
 
 constexpr size_t kCollectorStack = 256 * 1024;
 
@@ -813,13 +820,21 @@ int tool_detach(void* data, const remora_tool_info_t*) {
 
 // fork(): hold the state still while the process is copied; in the child,
 // the collector thread and the timers did not come along.
+// Each counts itself in (wrappers.h): a thread blocked on a lock here
+// returns into the tool.
 void atfork_prepare() {
+  remora_inside_stripe* in = remora_inside_mine();
+  remora_inside_enter(in);
   pthread_mutex_lock(&g_fork_mu);
   if (g_tool) g_tool->mu.lock();
+  remora_inside_leave(in);
 }
 void atfork_parent() {
+  remora_inside_stripe* in = remora_inside_mine();
+  remora_inside_enter(in);
   if (g_tool) g_tool->mu.unlock();
   pthread_mutex_unlock(&g_fork_mu);
+  remora_inside_leave(in);
 }
 // The child of a fork made while attached keeps the session (the agent
 // keeps it attached, agent/protocol.h REMORA_AGENT_FEATURE_FORK_LEASE): it
@@ -894,10 +909,11 @@ REMORA_TOOL_EXPORT remora_tool_configure_result_t* remora_configure(uint32_t, co
     std::vector<int32_t> fds = open_fds();
     g_tool = new Tool();
     note_new_pipes(fds);
-    // Registered with this object's __dso_handle (libc_nonshared's
-    // pthread_atfork): __cxa_finalize, run by our dlclose, unregisters them
-    // (glibc's UNREGISTER_ATFORK), so they never outlive the tool.
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    // Registered under a key of ours rather than this object's
+    // __dso_handle (pthread_atfork's), which the agent's unload takes out
+    // of glibc's list (__cxa_finalize(key)) while no fork can be walking it
+    // (remora/tool.h, remora_tool_quiesce).
+    __register_atfork(atfork_prepare, atfork_parent, atfork_child, &g_fork_key);
   }
   g_conf.tool_data = g_tool;
   return &g_conf;
@@ -912,7 +928,12 @@ REMORA_TOOL_EXPORT remora_tool_configure_attach_result_t* remora_configure_attac
 // handler's counts (wrappers.h), and whether the tool pinned itself.
 REMORA_TOOL_EXPORT const remora_tool_quiesce_t remora_tool_quiesce = {
     sizeof(remora_tool_quiesce_t), REMORA_INSIDE_STRIPES, sizeof(struct remora_inside_stripe), &remora_inside[0].n,
-    &g_pinned};
+    &g_pinned, &g_fork_key};
+
+// Our fork handlers, out of glibc's list by the time our code goes: the
+// agent's unload took them out already (remora_tool_quiesce); a dlclose of
+// another host takes them out here, as it would pthread_atfork's.
+__attribute__((destructor)) static void unregister_fork_handlers_at_unload() { __cxa_finalize(&g_fork_key); }
 
 // Once no thread can be inside (the controller proved it), before our
 // dlclose: the slots' memory, which a handler or wrapper in flight writes.
