@@ -700,12 +700,16 @@ void* channel_main(void*) {
   }
 }
 
+// The wake signal's disposition before ours, put back by channel_fini.
+struct sigaction g_old_wake_action;
+bool g_wake_installed = false;
+
 void install_handler(int signo) {
   struct sigaction sa {};
   sa.sa_sigaction = wake_handler;
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
   sigfillset(&sa.sa_mask);
-  sigaction(signo, &sa, nullptr);
+  g_wake_installed = sigaction(signo, &sa, &g_old_wake_action) == 0;
 }
 
 }  // namespace
@@ -734,9 +738,14 @@ void channel_fini() {
   if (g_signo == 0) return;
   if (g_listen_fd >= 0) close(g_listen_fd);
   g_listen_fd = -1;
+  if (!g_wake_installed) return;  // the socket was never bound: the disposition is the process's own
+  // SIG_IGN first discards a wake still pending in any thread (POSIX); then
+  // the disposition the process had.
   struct sigaction sa {};
-  sa.sa_handler = SIG_IGN;  // a wake already on its way must find no handler of ours
+  sa.sa_handler = SIG_IGN;
   sigaction(g_signo, &sa, nullptr);
+  sigaction(g_signo, &g_old_wake_action, nullptr);
+  g_wake_installed = false;
 }
 
 }  // namespace remora_agent

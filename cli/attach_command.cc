@@ -451,6 +451,50 @@ int ended_session_exit_code(const AttachCommandOptions& o, const std::vector<Att
   return to_int(ExitCode::kTargetExited);
 }
 
+// The default tool's output plan; an in-memory profile (no writable
+// directory in the target's root) serves one process only: nobody reads the
+// memory after remora exits (--keep), and each process would need a memfd
+// of its own.
+Result<OutputPlan> plan_default_output(const AttachCommandOptions& o, EnvList& env, bool socket) {
+  auto plan = REMORA_TRY(prepare_output_path(env, o.pid, socket));
+  const bool has_children = o.children && [&] {
+    auto kids = procfs::list_children(o.pid);
+    return kids && !kids->empty();
+  }();
+  if (plan.staged && plan.staged->in_memory() && (o.keep || has_children))
+    return Error(Errc::kNotSupported,
+                 "process " + std::to_string(o.pid) +
+                     " has no writable directory in its root, so remora keeps its profile in memory "
+                     "that only this remora reads: " +
+                     (o.keep ? "--keep (remora gone before the detach) is"
+                             : "its children (one memfd per process) are") +
+                     " not supported that way; " + (o.keep ? "" : "pass --attach-children=false, ") +
+                     "give the container a writable /tmp, or pass -e REMORA_OUTPUT_PATH=DIR with a "
+                     "writable directory inside it");
+  if (plan.staged && plan.staged->in_memory())
+    std::printf("No directory of process %d's root is writable: its profile is kept in memory that remora "
+                "reads at the detach.\n",
+                static_cast<int>(o.pid));
+  return plan;
+}
+
+// What --keep leaves, and how to end it later.
+void print_kept(const AttachCommandOptions& o, size_t attached, bool default_tool, OutputPlan& plan) {
+  std::printf(
+      "\nThe tools stay attached to %s after remora exits (--keep: no lease).\n"
+      "Detach later with:\n  remora detach -p %d%s\n",
+      count_noun(attached, "process", "processes").c_str(), static_cast<int>(o.pid), o.children ? " --tree" : "");
+  if (default_tool && plan.staged)
+    std::printf(
+        "The default tool writes its output inside the target, under /proc/%d/root%s, when it "
+        "detaches (render it with remora report DIR).\n",
+        static_cast<int>(o.pid), plan.staged->target_path().c_str());
+  else if (default_tool)
+    std::printf("The default tool writes its output under %s when it detaches.\n", plan.root.c_str());
+  if (plan.staged) plan.staged->keep();
+  std::fflush(stdout);
+}
+
 int run_attach(const AttachCommandOptions& asked) {
   AttachCommandOptions o = asked;
   // The first mark of the command's own timeline (REMORA_LOG=attach): all
@@ -488,29 +532,9 @@ int run_attach(const AttachCommandOptions& asked) {
   if (!signals) return fail(signals.error());
   OutputPlan plan;
   if (tools->default_tool) {
-    auto p = prepare_output_path(*env, o.pid, socket);
+    auto p = plan_default_output(o, *env, socket);
     if (!p) return fail(p.error());
     plan = std::move(*p);
-    // In memory, one process only: nobody reads the memory after remora
-    // exits (--keep), and each process would need a memfd of its own.
-    const bool has_children = o.children && [&] {
-      auto kids = procfs::list_children(o.pid);
-      return kids && !kids->empty();
-    }();
-    if (plan.staged && plan.staged->in_memory() && (o.keep || has_children))
-      return fail(Error(Errc::kNotSupported,
-                        "process " + std::to_string(o.pid) +
-                            " has no writable directory in its root, so remora keeps its profile in memory "
-                            "that only this remora reads: " +
-                            (o.keep ? "--keep (remora gone before the detach) is"
-                                    : "its children (one memfd per process) are") +
-                            " not supported that way; " + (o.keep ? "" : "pass --attach-children=false, ") +
-                            "give the container a writable /tmp, or pass -e REMORA_OUTPUT_PATH=DIR with a "
-                            "writable directory inside it"));
-    if (plan.staged && plan.staged->in_memory())
-      std::printf("No directory of process %d's root is writable: its profile is kept in memory that remora "
-                  "reads at the detach.\n",
-                  static_cast<int>(o.pid));
   }
   const std::string& out_root = plan.root;
   attach::AttachOptions opts;
@@ -546,20 +570,7 @@ int run_attach(const AttachCommandOptions& asked) {
   if (auto nothing = attach_all(ctl, o, opts, root_comm, &procs, &exit_code)) return *nothing;
 
   if (o.keep) {
-    std::printf(
-        "\nThe tools stay attached to %s after remora exits (--keep: no lease).\n"
-        "Detach later with:\n  remora detach -p %d%s\n",
-        count_noun(procs.size(), "process", "processes").c_str(), static_cast<int>(o.pid),
-        o.children ? " --tree" : "");
-    if (tools->default_tool && plan.staged)
-      std::printf(
-          "The default tool writes its output inside the target, under /proc/%d/root%s, when it "
-          "detaches (render it with remora report DIR).\n",
-          static_cast<int>(o.pid), plan.staged->target_path().c_str());
-    else if (tools->default_tool)
-      std::printf("The default tool writes its output under %s when it detaches.\n", out_root.c_str());
-    if (plan.staged) plan.staged->keep();
-    std::fflush(stdout);
+    print_kept(o, procs.size(), tools->default_tool, plan);
     return exit_code;
   }
 

@@ -14,6 +14,7 @@
 #include "arch/arch.h"
 #include "arch/host.h"
 #include "arch/syscall_restart.h"
+#include "base/log.h"
 #include "procfs/procfs.h"
 #include "ptrace/ptrace.h"
 #include "remote/memory.h"
@@ -72,7 +73,9 @@ Freeze::~Freeze() {
       if (st && st->kind == ptrace::Stop::Kind::kSignalDelivery) h.sig = st->sig;
     }
     if (h.reissue) (void)ptrace::set_regs(tid, h.resume);
-    (void)ptrace::detach(tid, h.sig);
+    if (auto d = ptrace::detach(tid, h.sig); !d)
+      REMORA_LOG(kAttach, "freeze of %d: thread %d not let go (stopped %d): %s", static_cast<int>(pid_),
+                 static_cast<int>(tid), h.stopped ? 1 : 0, d.error().to_string().c_str());
   }
 }
 
@@ -116,6 +119,8 @@ std::string Freeze::wait_all_stopped(const Deadline& deadline) {
       st = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(1)));
     }
     if (!st) {
+      REMORA_LOG(kAttach, "freeze of %d: thread %d: %s", static_cast<int>(pid_), static_cast<int>(tid),
+                 st.error().to_string().c_str());
       if (st.error().code() == Errc::kTargetExited) held_.erase(tid);
       continue;
     }
