@@ -2,7 +2,8 @@
 # with sudo), `make demo` and `make test` install what is missing, configure,
 # build and run.
 #
-#   make deps    install missing Debian packages (apt-get; nothing if all present)
+#   make deps    install the Debian packages the build and the demo need (apt-get; nothing if all present)
+#   make test-deps  the same, and what only the tests need (their real programs, Slurm, the arm64 guest)
 #   make         configure and build into $(BUILD_DIR) (RelWithDebInfo)
 #   make test    build (and the aarch64 cross build), then run every test with ctest,
 #                the aarch64 guest's suites included (aarch64.*)
@@ -21,12 +22,16 @@ BUILD_DIR  ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
-DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
-                libunwind-dev python3 python3-pytest binutils util-linux mount procps libseccomp-dev \
-                libdw-dev libelf-dev libprotobuf-dev protobuf-compiler python3-protobuf nlohmann-json3-dev \
-                zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light openjdk-17-jdk-headless \
-                qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross \
-                libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev
+# What the build and `make demo` need...
+BUILD_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
+                  libunwind-dev python3 binutils procps libseccomp-dev libdw-dev libelf-dev libprotobuf-dev \
+                  protobuf-compiler python3-protobuf nlohmann-json3-dev zlib1g-dev
+# ...and what only the tests need: their real programs, the container,
+# Slurm and MPI fixtures, and the emulated arm64 guest with its cross
+# toolchain (`make test` installs both lists; `make demo` the first only).
+TEST_PACKAGES := python3-pytest util-linux mount musl-tools dwz libc6-dbg redis-server redis-tools nginx-light \
+                 openjdk-17-jdk-headless qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu \
+                 libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev
 # The aarch64 cross build's libraries, from Debian's arm64 architecture
 # (multiarch): apt must know arm64 for them, and for the guest's kernel and
 # busybox, which tests/aarch64/run_guest.py fetches with apt-get download.
@@ -38,7 +43,7 @@ AARCH64_BUILD_DIR ?= build-aarch64
 # (the test programs keep their own -O2 -g).
 AARCH64_BUILD_TYPE ?= Release
 
-.PHONY: all deps configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64 \
+.PHONY: all deps test-deps install-packages configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64 \
         bench-aarch64
 
 all: build
@@ -47,8 +52,14 @@ all: build
 # A name without :arch means the native one (or all): with arm64 added, plain
 # `dpkg -s libgtest-dev` no longer answers for amd64 alone.
 deps:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(BUILD_PACKAGES)"
+
+test-deps:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(BUILD_PACKAGES) $(TEST_PACKAGES) $(ARM64_PACKAGES)"
+
+install-packages:
 	@missing=""; native=$$(dpkg --print-architecture); \
-	for p in $(DEB_PACKAGES) $(ARM64_PACKAGES); do \
+	for p in $(PACKAGES); do \
 	  case $$p in *:*) want=$${p##*:};; *) want=$$native;; esac; \
 	  dpkg-query -W -f='$${db:Status-Abbrev} $${Architecture}\n' $$p 2>/dev/null | grep -Eq "^ii +($$want|all)$$" || \
 	    missing="$$missing $$p"; \
@@ -56,10 +67,12 @@ deps:
 	if [ -n "$$missing" ]; then \
 	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	  echo "deps: installing$$missing"; \
-	  if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
-	    echo "deps: adding the arm64 architecture (dpkg --add-architecture arm64)"; \
-	    $$sudo dpkg --add-architecture arm64 || exit 1; \
-	  fi; \
+	  case "$$missing" in *:arm64*) \
+	    if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
+	      echo "deps: adding the arm64 architecture (dpkg --add-architecture arm64)"; \
+	      $$sudo dpkg --add-architecture arm64 || exit 1; \
+	    fi;; \
+	  esac; \
 	  $$sudo apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends $$missing; \
 	fi
@@ -72,7 +85,7 @@ build: configure
 
 # The aarch64 suites run in a qemu-system-aarch64 guest (qemu-user cannot
 # ptrace): the host's ctest boots it (aarch64.guest) once this is built.
-aarch64-configure: deps
+aarch64-configure: test-deps
 	cmake -S . -B $(AARCH64_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(AARCH64_BUILD_TYPE) \
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/toolchain-aarch64.cmake
 
@@ -93,7 +106,7 @@ bench-aarch64: aarch64-build
 	    $(abspath $(AARCH64_BUILD_DIR))/lib/libremora-agent.so $(abspath $(AARCH64_BUILD_DIR))/lib/libremora-hook-tool-a.so 5" \
 	  --only bench_call --only bench_attach
 
-test: build aarch64-build
+test: test-deps build aarch64-build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2
 
 demo: build

@@ -230,7 +230,10 @@ Result<void> Freeze::look(const UnloadPlan& plan) {
   for (auto& [tid, h] : held_) {
     auto r = ptrace::get_regs(tid);
     if (!r) return std::move(r).error().with_context("read the registers of thread " + std::to_string(tid));
-    looks_.push_back({tid, arch::pc(*r), holds_return_into(stack_words(mem, arch::sp(*r)), plan.fork)});
+    const uint64_t pc = arch::pc(*r);
+    const bool in_fork = (pc >= plan.fork.start && pc < plan.fork.end) ||
+                         holds_return_into(stack_words(mem, arch::sp(*r)), plan.fork);
+    looks_.push_back({tid, pc, in_fork});
   }
   return ok();
 }

@@ -48,8 +48,9 @@ Result<UnloadPlan> unload_plan(const remora_agent_info& info);
 struct ThreadLook {
   pid_t tid = 0;
   uint64_t pc = 0;
-  // A return address into fork() within kForkScanBytes above its stack
-  // pointer. (A stale word there only delays the unload.)
+  // Its pc in fork(), or a return address into fork() within
+  // kForkScanBytes above its stack pointer. (A stale word there only delays
+  // the unload.)
   bool in_fork = false;
 };
 // Deeper than every frame a thread in fork() has between its stack pointer

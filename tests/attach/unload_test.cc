@@ -27,6 +27,7 @@ using V = std::vector<std::string>;
 
 class AttachUnload : public IntegrationTest {
  protected:
+  void interrupted_unload_is_finished(bool after_forks);
   HookLog log_;
 };
 
@@ -378,7 +379,19 @@ TEST_F(AttachUnload, StoppedProcess) {
 // An unload interrupted after its first step (the controller died once the
 // listener had unloaded the tools and left): the agent says `unloading`; an
 // attach is refused and says how to finish it, and the next unload does.
+// A controller killed after the first step of the unload (remora_agent_unload:
+// the tools finalised, the listener waiting for the second), or after the
+// second (remora_agent_unload_forks: the fork handlers out, the listener
+// gone): the next unload finishes it.
 TEST_F(AttachUnload, InterruptedUnloadIsFinishedByTheNext) {
+  for (const bool after_forks : {false, true}) {
+    SCOPED_TRACE(after_forks ? "killed after remora_agent_unload_forks" : "killed after remora_agent_unload");
+    interrupted_unload_is_finished(after_forks);
+    if (HasFatalFailure()) return;
+  }
+}
+
+void AttachUnload::interrupted_unload_is_finished(bool after_forks) {
   TargetProcess target("remora_attach_target");
   const pid_t pid = target.pid();
   target.snapshot();
@@ -388,18 +401,30 @@ TEST_F(AttachUnload, InterruptedUnloadIsFinishedByTheNext) {
   ASSERT_TRUE(r.ok()) << describe(r.error());
   const pid_t listener = status_or_throw(pid).listener_tid;
   {
-    // The first step alone, as a controller killed right after it leaves it.
+    // The steps alone, as a controller killed right after them leaves them.
+    // (This target never forks: the second step needs no stopped threads.)
     auto t = open_target(pid);
     remote::CallOptions on_listener;
     on_listener.tid = listener;
     auto u = t->call_symbol("libremora-agent.so", "remora_agent_unload", {}, on_listener);
     ASSERT_TRUE(u.ok()) << describe(u.error());
     EXPECT_EQ(u->value, 0u);
+    if (after_forks) {
+      auto f = t->call_symbol("libremora-agent.so", "remora_agent_unload_forks", {}, on_listener);
+      ASSERT_TRUE(f.ok()) << describe(f.error());
+      EXPECT_EQ(f->value, 0u);
+    }
     (void)t->close();
   }
-  ASSERT_TRUE(wait_for([&] { return task_states(pid).count(listener) == 0; }, after(5s)))
-      << describe_tasks(pid);
-  EXPECT_EQ(log_.find("a:tool_fini").size(), 1u) << log_.dump();
+  if (after_forks) {
+    ASSERT_TRUE(wait_for([&] { return task_states(pid).count(listener) == 0; }, after(5s)))
+        << describe_tasks(pid);
+  } else {
+    EXPECT_EQ(task_states(pid).count(listener), 1u) << "the listener waits for the second step";
+  }
+  const auto finis = log_.find("a:tool_fini");
+  EXPECT_EQ(std::count_if(finis.begin(), finis.end(), [&](const HookLine& h) { return h.pid == pid; }), 1)
+      << log_.dump();
   Controller other;
   auto again = other.attach(pid, options_for(log_));
   ASSERT_FALSE(again.ok());
