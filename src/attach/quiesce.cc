@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -66,16 +67,22 @@ std::vector<uint64_t> stack_words(const remote::Memory& mem, uint64_t sp) {
 
 Freeze::~Freeze() {
   for (auto& [tid, h] : held_) {
-    // Seized but not seen stopped (a failure cut the freeze short): only a
-    // stopped tracee can be let go.
-    if (!h.stopped && ptrace::interrupt(tid)) {
-      auto st = ptrace::wait_stop(tid, Deadline::after(std::chrono::seconds(1)));
-      if (st && st->kind == ptrace::Stop::Kind::kSignalDelivery) h.sig = st->sig;
-    }
     if (h.reissue) (void)ptrace::set_regs(tid, h.resume);
-    if (auto d = ptrace::detach(tid, h.sig); !d)
-      REMORA_LOG(kAttach, "freeze of %d: thread %d not let go (stopped %d): %s", static_cast<int>(pid_),
-                 static_cast<int>(tid), h.stopped ? 1 : 0, d.error().to_string().c_str());
+    if (ptrace::detach(tid, h.sig)) continue;
+    // Not in a stop (seized, but a failure cut the freeze short before its
+    // stop was seen): only a stopped tracee can be let go, and one left
+    // traced would stop later for good. Its stop is waited for, a while.
+    auto gone = [&] { return ::access(("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(tid)).c_str(), F_OK) != 0; };
+    const Deadline until = Deadline::after(std::chrono::seconds(10));
+    bool let_go = false;
+    while (!let_go && !gone() && !until.expired()) {
+      (void)ptrace::interrupt(tid);
+      auto st = ptrace::wait_stop(tid, Deadline::after(std::chrono::milliseconds(200)));
+      if (st && st->kind == ptrace::Stop::Kind::kSignalDelivery) h.sig = st->sig;
+      let_go = ptrace::detach(tid, h.sig).ok();
+    }
+    if (!let_go && !gone())
+      REMORA_LOG(kAttach, "freeze of %d: thread %d not let go", static_cast<int>(pid_), static_cast<int>(tid));
   }
 }
 
@@ -92,7 +99,12 @@ Result<std::string> Freeze::seize_all(pid_t spared) {
       auto s = ptrace::seize(pid_, tid, 0);
       if (!s) {
         if (s.error().code() == Errc::kNoSuchProcess) continue;  // it exited meanwhile
-        return "thread " + std::to_string(tid) + " cannot be stopped: " + s.error().to_string();
+        // Traced by this very thread already: a freeze of ours that could
+        // not let it go. Taken over, and let go with the others.
+        auto st = procfs::read_status(pid_, tid);
+        if (!st || st->tracer_pid != static_cast<pid_t>(::gettid()))
+          return "thread " + std::to_string(tid) + " cannot be stopped: " + s.error().to_string();
+        REMORA_LOG(kAttach, "freeze of %d: thread %d was still ours", static_cast<int>(pid_), static_cast<int>(tid));
       }
       held_[tid] = Held{};
       if (auto i = ptrace::interrupt(tid); !i) return std::move(i).error();

@@ -47,6 +47,13 @@ class Backoff {
   std::chrono::milliseconds pause_{1};
 };
 
+// One look waits a second at most for the threads to stop: a thread that
+// does not (in uninterruptible sleep, a vfork's parent) is looked at again
+// later, within the operation's deadline.
+Deadline look_deadline(const Deadline& deadline) {
+  return Deadline::after(std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1)));
+}
+
 Error stays_loaded(pid_t pid, const std::string& why, int looks) {
   return Error(Errc::kTimedOut, "the agent and its tools stay loaded (detached, finalised): " + why +
                                     ", at the last of " + std::to_string(looks) +
@@ -65,7 +72,7 @@ Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbo
   for (int looks = 1;; ++looks) {
     std::string why;
     {
-      auto frozen = REMORA_TRY(Freeze::stop(pid, info.listener_tid, plan, deadline));
+      auto frozen = REMORA_TRY(Freeze::stop(pid, info.listener_tid, plan, look_deadline(deadline)));
       why = frozen->why_not_stopped();
       if (why.empty()) {
         auto verdict = judge_forks(frozen->threads());
@@ -96,7 +103,7 @@ Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline
   for (int looks = 1;; ++looks) {
     std::string why;
     {
-      auto frozen = REMORA_TRY(Freeze::stop(pid, 0, plan, deadline));
+      auto frozen = REMORA_TRY(Freeze::stop(pid, 0, plan, look_deadline(deadline)));
       why = frozen->why_not_stopped();
       if (why.empty()) {
         auto verdict = judge(plan, frozen->threads(), REMORA_TRY(frozen->counts(plan)));
