@@ -139,7 +139,9 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
   for (int i = 0; i < count; ++i) {
     if (tools[i].handle == nullptr) continue;
     const auto* q = static_cast<const remora_tool_quiesce_t*>(dlsym(tools[i].handle, "remora_tool_quiesce"));
-    const bool complete = q == nullptr || q->size >= sizeof(remora_tool_quiesce_t);
+    // The fields up to `pinned` (fork_key is read only where `size` covers it).
+    const bool complete =
+        q == nullptr || q->size >= offsetof(remora_tool_quiesce_t, pinned) + sizeof(q->pinned);
     if (q != nullptr && complete && q->pinned != nullptr && __atomic_load_n(q->pinned, __ATOMIC_ACQUIRE) != 0) {
       append_kept(tools[i].path);  // stays mapped (RTLD_NODELETE): not in the proof
       continue;
