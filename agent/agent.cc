@@ -783,7 +783,8 @@ REMORA_EXPORT int remora_agent_start_listener(uint64_t drop_reference) {
   HookScope in;
   // Being unloaded: the reference stays (the agent then outlives the
   // unload's dlclose, which says so), and no listener starts.
-  if (__atomic_load_n(&remora_agent_info.unloading, __ATOMIC_ACQUIRE) != 0) return REMORA_AGENT_ERR_NO_LISTENER;
+  if (__atomic_load_n(&remora_agent_info.unloading, __ATOMIC_ACQUIRE) != 0)
+    return REMORA_AGENT_ERR_NO_LISTENER;
   if (drop_reference != 0) drop_loader_reference();
   return request_listener();
 }

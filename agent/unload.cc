@@ -94,7 +94,7 @@ int signal_into_ranges() {
     struct sigaction cur;
     if (sigaction(sig, nullptr, &cur) != 0) continue;  // glibc's own (SIGCANCEL, SIGSETXID)
     const auto h = (cur.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<uintptr_t>(cur.sa_sigaction)
-                                                     : reinterpret_cast<uintptr_t>(cur.sa_handler);
+                                                    : reinterpret_cast<uintptr_t>(cur.sa_handler);
     for (uint32_t i = 0; i < in.unload_code_count; ++i)
       if (h >= in.unload_code[i][0] && h < in.unload_code[i][1]) return sig;
   }
@@ -142,20 +142,22 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
     // The fields up to `pinned` (fork_key is read only where `size` covers it).
     const bool complete =
         q == nullptr || q->size >= offsetof(remora_tool_quiesce_t, pinned) + sizeof(q->pinned);
-    if (q != nullptr && complete && q->pinned != nullptr && __atomic_load_n(q->pinned, __ATOMIC_ACQUIRE) != 0) {
+    if (q != nullptr && complete && q->pinned != nullptr &&
+        __atomic_load_n(q->pinned, __ATOMIC_ACQUIRE) != 0) {
       append_kept(tools[i].path);  // stays mapped (RTLD_NODELETE): not in the proof
       continue;
     }
     // glibc's dlopen handle is the object's link_map (no dlinfo: it is
     // GLIBC_2.34, above the agent's minimum).
     if (!add_object(static_cast<const link_map*>(tools[i].handle))) {
-      snprintf(why, why_size, "the segments of tool %.512s were not found (or more than %d in all)", tools[i].path,
-               REMORA_AGENT_UNLOAD_RANGES);
+      snprintf(why, why_size, "the segments of tool %.512s were not found (or more than %d in all)",
+               tools[i].path, REMORA_AGENT_UNLOAD_RANGES);
       return false;
     }
     if (q == nullptr) continue;
     if (!complete || q->counters == nullptr || in.unload_counter_count == REMORA_AGENT_UNLOAD_RANGES) {
-      snprintf(why, why_size, "tool %.512s exports a remora_tool_quiesce the agent cannot read", tools[i].path);
+      snprintf(why, why_size, "tool %.512s exports a remora_tool_quiesce the agent cannot read",
+               tools[i].path);
       return false;
     }
     uint64_t* c = in.unload_counters[in.unload_counter_count++];
@@ -165,7 +167,8 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
   }
   Dl_info fork_info{};
   ElfW(Sym)* fork_sym = nullptr;
-  if (dladdr1(reinterpret_cast<void*>(&fork), &fork_info, reinterpret_cast<void**>(&fork_sym), RTLD_DL_SYMENT) == 0 ||
+  if (dladdr1(reinterpret_cast<void*>(&fork), &fork_info, reinterpret_cast<void**>(&fork_sym),
+              RTLD_DL_SYMENT) == 0 ||
       fork_sym == nullptr || fork_info.dli_saddr == nullptr || fork_sym->st_size == 0) {
     snprintf(why, why_size, "the C library's fork() was not found");
     return false;
@@ -182,7 +185,8 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
 void release_tools(const UnloadTool* tools, int count) {
   for (int i = count - 1; i >= 0; --i) {
     if (tools[i].handle == nullptr) continue;
-    if (auto release = reinterpret_cast<remora_tool_release_fn>(dlsym(tools[i].handle, "remora_tool_release")))
+    if (auto release =
+            reinterpret_cast<remora_tool_release_fn>(dlsym(tools[i].handle, "remora_tool_release")))
       release();
     // Within the agent's own dlclose: glibc defers the work of a dlclose
     // made by a destructor to the outer one, which unmaps the tool too.

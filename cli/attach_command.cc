@@ -472,9 +472,10 @@ Result<OutputPlan> plan_default_output(const AttachCommandOptions& o, EnvList& e
                      "give the container a writable /tmp, or pass -e REMORA_OUTPUT_PATH=DIR with a "
                      "writable directory inside it");
   if (plan.staged && plan.staged->in_memory())
-    std::printf("No directory of process %d's root is writable: its profile is kept in memory that remora "
-                "reads at the detach.\n",
-                static_cast<int>(o.pid));
+    std::printf(
+        "No directory of process %d's root is writable: its profile is kept in memory that remora "
+        "reads at the detach.\n",
+        static_cast<int>(o.pid));
   return plan;
 }
 
@@ -483,7 +484,8 @@ void print_kept(const AttachCommandOptions& o, size_t attached, bool default_too
   std::printf(
       "\nThe tools stay attached to %s after remora exits (--keep: no lease).\n"
       "Detach later with:\n  remora detach -p %d%s\n",
-      count_noun(attached, "process", "processes").c_str(), static_cast<int>(o.pid), o.children ? " --tree" : "");
+      count_noun(attached, "process", "processes").c_str(), static_cast<int>(o.pid),
+      o.children ? " --tree" : "");
   if (default_tool && plan.staged)
     std::printf(
         "The default tool writes its output inside the target, under /proc/%d/root%s, when it "

@@ -120,9 +120,8 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
   if (!found && found.error().code() == Errc::kLibraryNotMapped) return false;
   if (!found) return std::move(found).error();
   const auto& f = *found;
-  *out =
-      AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(), f[4].addr(), f[7].addr(), f[8].addr(),
-                   f[9].addr()};
+  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(),
+                      f[4].addr(), f[7].addr(), f[8].addr(), f[9].addr()};
   // Calls from now on run through the agent's own stubs and buffer: no
   // scratch mapping of ours stays in the process. Adopted only if the bytes
   // are exactly ours (an agent of another build may differ).

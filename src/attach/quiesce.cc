@@ -62,7 +62,6 @@ std::vector<uint64_t> stack_words(const remote::Memory& mem, uint64_t sp) {
   return words;
 }
 
-
 }  // namespace
 
 Freeze::~Freeze() {
@@ -72,7 +71,9 @@ Freeze::~Freeze() {
     // Not in a stop (seized, but a failure cut the freeze short before its
     // stop was seen): only a stopped tracee can be let go, and one left
     // traced would stop later for good. Its stop is waited for, a while.
-    auto gone = [&] { return ::access(("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(tid)).c_str(), F_OK) != 0; };
+    auto gone = [&] {
+      return ::access(("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(tid)).c_str(), F_OK) != 0;
+    };
     const Deadline until = Deadline::after(std::chrono::seconds(10));
     bool let_go = false;
     while (!let_go && !gone() && !until.expired()) {
@@ -82,7 +83,8 @@ Freeze::~Freeze() {
       let_go = ptrace::detach(tid, h.sig).ok();
     }
     if (!let_go && !gone())
-      REMORA_LOG(kAttach, "freeze of %d: thread %d not let go", static_cast<int>(pid_), static_cast<int>(tid));
+      REMORA_LOG(kAttach, "freeze of %d: thread %d not let go", static_cast<int>(pid_),
+                 static_cast<int>(tid));
   }
 }
 
@@ -104,7 +106,8 @@ Result<std::string> Freeze::seize_all(pid_t spared) {
         auto st = procfs::read_status(pid_, tid);
         if (!st || st->tracer_pid != static_cast<pid_t>(::gettid()))
           return "thread " + std::to_string(tid) + " cannot be stopped: " + s.error().to_string();
-        REMORA_LOG(kAttach, "freeze of %d: thread %d was still ours", static_cast<int>(pid_), static_cast<int>(tid));
+        REMORA_LOG(kAttach, "freeze of %d: thread %d was still ours", static_cast<int>(pid_),
+                   static_cast<int>(tid));
       }
       held_[tid] = Held{};
       if (auto i = ptrace::interrupt(tid); !i) return std::move(i).error();
@@ -164,20 +167,22 @@ void Freeze::plan_repairs() {
 
 Result<UnloadPlan> unload_plan(const remora_agent_info& info) {
   if ((info.features & REMORA_AGENT_FEATURE_PROVEN_UNLOAD) == 0)
-    return Error(Errc::kNotSupported,
-                 "the agent (protocol " + std::to_string(info.version) +
-                     ") was loaded by an older Remora, whose unload cannot be proven safe: it stays loaded, with "
-                     "its tools detached. Only a restart of the process removes it");
+    return Error(
+        Errc::kNotSupported,
+        "the agent (protocol " + std::to_string(info.version) +
+            ") was loaded by an older Remora, whose unload cannot be proven safe: it stays loaded, with "
+            "its tools detached. Only a restart of the process removes it");
   if (info.unload_code_count == 0 || info.unload_code_count > REMORA_AGENT_UNLOAD_RANGES ||
-      info.unload_counter_count > REMORA_AGENT_UNLOAD_RANGES)
-  {
+      info.unload_counter_count > REMORA_AGENT_UNLOAD_RANGES) {
     std::string said(info.message, strnlen(info.message, sizeof info.message));
-    return Error(Errc::kNotSupported, "the agent could not say what its unload would unmap, so it stays loaded" +
-                                          (said.empty() ? std::string() : " (" + said + ")"));
+    return Error(Errc::kNotSupported,
+                 "the agent could not say what its unload would unmap, so it stays loaded" +
+                     (said.empty() ? std::string() : " (" + said + ")"));
   }
   UnloadPlan plan;
   plan.fork = {info.unload_fork[0], info.unload_fork[1]};
-  if (plan.fork.end <= plan.fork.start) return Error(Errc::kParse, "the agent's unload plan has no fork() range");
+  if (plan.fork.end <= plan.fork.start)
+    return Error(Errc::kParse, "the agent's unload plan has no fork() range");
   for (uint32_t i = 0; i < info.unload_code_count; ++i) {
     const uint64_t start = info.unload_code[i][0], end = info.unload_code[i][1];
     if (end <= start) return Error(Errc::kParse, "the agent's unload plan has an empty code range");
@@ -199,7 +204,8 @@ bool holds_return_into(std::span<const uint64_t> stack, const UnloadPlan::Range&
   return std::any_of(stack.begin(), stack.end(), [&](uint64_t w) { return w > fork.start && w <= fork.end; });
 }
 
-QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads, std::span<const long> inside) {
+QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads,
+                      std::span<const long> inside) {
   QuiescenceCheck out;
   out.threads = threads.size();
   for (const auto& t : threads) {
@@ -228,7 +234,8 @@ QuiescenceCheck judge_forks(std::span<const ThreadLook> threads) {
   out.threads = threads.size();
   for (const auto& t : threads) {
     if (t.in_fork) {
-      out.why = "thread " + std::to_string(t.tid) + " is inside fork(), where it may call a fork handler of ours";
+      out.why =
+          "thread " + std::to_string(t.tid) + " is inside fork(), where it may call a fork handler of ours";
       return out;
     }
   }

@@ -73,7 +73,8 @@ struct QuiescenceCheck {
 // the plan's code and none counted inside (the second; by then no fork
 // handler of ours is registered, and a thread inside fork() is no matter).
 QuiescenceCheck judge_forks(std::span<const ThreadLook> threads);
-QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads, std::span<const long> inside);
+QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads,
+                      std::span<const long> inside);
 
 // Every thread of a process but one stopped by the calling thread
 // (PTRACE_SEIZE and PTRACE_INTERRUPT; threads that appear meanwhile too)

@@ -65,7 +65,8 @@ Error stays_loaded(pid_t pid, const std::string& why, int looks) {
 // inside fork(); then, while they stay stopped, the listener takes our fork
 // handlers out of glibc's list (remora_agent_unload_forks) and leaves.
 Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbols& agent,
-                                  const remora_agent_info& info, const UnloadPlan& plan, const Deadline& deadline) {
+                                  const remora_agent_info& info, const UnloadPlan& plan,
+                                  const Deadline& deadline) {
   if (agent.unload_forks_fn == 0)
     return Error(Errc::kInternal, "the agent of protocol 7 lacks remora_agent_unload_forks");
   Backoff backoff;
@@ -80,12 +81,16 @@ Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbo
         if (verdict.proven) {
           // A stopped thread may hold a lock __cxa_finalize takes (its exit
           // functions' list): then the call is taken back, and tried again.
-          const auto budget = std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1));
-          auto rc = t.call(RemoteAddr(agent.unload_forks_fn), {},
-                           CallOptions{info.listener_tid, std::chrono::duration_cast<std::chrono::milliseconds>(budget)});
+          const auto budget =
+              std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1));
+          auto rc = t.call(
+              RemoteAddr(agent.unload_forks_fn), {},
+              CallOptions{info.listener_tid, std::chrono::duration_cast<std::chrono::milliseconds>(budget)});
           if (rc && static_cast<int32_t>(rc->value) == REMORA_AGENT_OK) return ok();
-          if (rc) return Error(errc_for_agent(static_cast<int32_t>(rc->value)), "the agent refused to take its fork "
-                                                                                  "handlers out");
+          if (rc)
+            return Error(errc_for_agent(static_cast<int32_t>(rc->value)),
+                         "the agent refused to take its fork "
+                         "handlers out");
           if (rc.error().code() != Errc::kTimedOut) return std::move(rc).error();
           why = "the listener waited on a lock another thread holds";
         }
@@ -124,13 +129,14 @@ Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline
 // thread, which may hold the loader lock) dlcloses it, and the agent's
 // destructor the tools. The trampoline calls block.dlopen_fn(path, flags):
 // here dlclose(self_handle), whose result lands in block.handle.
-Result<void> dlclose_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent, const remora_agent_info& info,
-                           const Deadline& deadline) {
+Result<void> dlclose_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent,
+                           const remora_agent_info& info, const Deadline& deadline) {
   if (info.self_handle == 0)
     return Error(Errc::kInternal,
                  "the agent did not find its own handle: it stays loaded (its tools are finalised)");
   const UnloadPlan plan = REMORA_TRY(unload_plan(info));
-  if (info.unloading == 1) REMORA_TRY_CTX(unload_fork_handlers(t, pid, agent, info, plan, deadline), "unload the fork handlers");
+  if (info.unloading == 1)
+    REMORA_TRY_CTX(unload_fork_handlers(t, pid, agent, info, plan, deadline), "unload the fork handlers");
   // Our calls ran through the agent's stubs, which go with it: forget them
   // (a retired scratch of our own is removed).
   REMORA_TRY(t.close());

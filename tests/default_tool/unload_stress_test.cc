@@ -73,9 +73,9 @@ class CpuHog {
 
 // What the cycles of one target came to.
 struct Tally {
-  int unloaded = 0;          // attached, detached, the agent and the tool gone
-  int finished_later = 0;    // the unload was refused (named) and a later one finished it
-  int kept = 0;              // the tool pinned itself (a thread blocked inside a wrapper), named
+  int unloaded = 0;                   // attached, detached, the agent and the tool gone
+  int finished_later = 0;             // the unload was refused (named) and a later one finished it
+  int kept = 0;                       // the tool pinned itself (a thread blocked inside a wrapper), named
   std::vector<std::string> refusals;  // the reasons named, as the user read them
   std::vector<std::string> failures;  // anything else: a defect
 };
@@ -115,12 +115,13 @@ void run_cycles(pid_t pid, int cycles, const std::string& out_dir, unsigned seed
                  u.error().to_string().find("stay loaded") != std::string::npos) {
         t->refusals.push_back(u.error().to_string());
       } else {
-        t->failures.push_back("cycle " + std::to_string(i) + ": detach --unload: " +
-                              (u ? std::string("not unloaded") : text(u.error())) + "\nthe target's threads:\n" +
-                              describe_tasks(pid));
+        t->failures.push_back("cycle " + std::to_string(i) +
+                              ": detach --unload: " + (u ? std::string("not unloaded") : text(u.error())) +
+                              "\nthe target's threads:\n" + describe_tasks(pid));
         if (std::getenv("REMORA_STRESS_GDB")) {
-          std::string cmd = "gdb -p " + std::to_string(pid) + " -batch -ex 'thread apply all bt' > /tmp/stress_gdb_" +
-                            std::to_string(pid) + ".txt 2>&1";
+          std::string cmd = "gdb -p " + std::to_string(pid) +
+                            " -batch -ex 'thread apply all bt' > /tmp/stress_gdb_" + std::to_string(pid) +
+                            ".txt 2>&1";
           (void)std::system(cmd.c_str());
         }
         return;
@@ -170,8 +171,8 @@ TEST_F(UnloadStress, HostileTargetsUnderLoadSurviveHundredsOfUnloads) {
               "refusals", "failures");
   for (int i = 0; i < 3; ++i) {
     const Tally& t = tallies[i];
-    std::printf("[unload-stress] %-24s %9d %15d %5d %9zu %9zu\n", programs[i], t.unloaded, t.finished_later, t.kept,
-                t.refusals.size(), t.failures.size());
+    std::printf("[unload-stress] %-24s %9d %15d %5d %9zu %9zu\n", programs[i], t.unloaded, t.finished_later,
+                t.kept, t.refusals.size(), t.failures.size());
     for (const auto& why : t.refusals) std::printf("[unload-stress]   refused, named: %s\n", why.c_str());
     for (const auto& f : t.failures) ADD_FAILURE() << programs[i] << ": " << f;
     EXPECT_EQ(t.unloaded + t.finished_later, cycles) << programs[i];

@@ -679,13 +679,11 @@ void close_unwind_fds() {
 // is only the fast way out: a count of zero read by this thread proves
 // nothing about a thread preempted between its handler's entry and its
 // increment, so the controller proves it again with every thread stopped
-// (remora_tool_quiesce, docs/architecture.md "The unload"). Code of ours a thread can still be in after a detach: a
-// wrapper (a thread blocked in read() returns into it), the sampling
-// handler (a signal delivered just before the timers went); both count
-// themselves (remora_inside). A short wait lets calls about to return
-// return; a thread blocked for longer keeps the tool (the agent then names
-// it as kept). At process exit it waits as long, and only where a thread is
-// inside.
+// (remora_tool_quiesce, docs/architecture.md "The unload"). Code of ours a thread can still be in after a
+// detach: a wrapper (a thread blocked in read() returns into it), the sampling handler (a signal delivered
+// just before the timers went); both count themselves (remora_inside). A short wait lets calls about to
+// return return; a thread blocked for longer keeps the tool (the agent then names it as kept). At process
+// exit it waits as long, and only where a thread is inside.
 void release_for_unload(Tool& t) {
   if (t.collector_detached) return;  // process exit with the collector running: it uses everything
   // A second: a call in flight at the detach (a read fed every few
@@ -926,9 +924,12 @@ REMORA_TOOL_EXPORT remora_tool_configure_attach_result_t* remora_configure_attac
 
 // The unload's proof (remora/tool.h): the wrappers' and the sampling
 // handler's counts (wrappers.h), and whether the tool pinned itself.
-REMORA_TOOL_EXPORT const remora_tool_quiesce_t remora_tool_quiesce = {
-    sizeof(remora_tool_quiesce_t), REMORA_INSIDE_STRIPES, sizeof(struct remora_inside_stripe), &remora_inside[0].n,
-    &g_pinned, &g_fork_key};
+REMORA_TOOL_EXPORT const remora_tool_quiesce_t remora_tool_quiesce = {sizeof(remora_tool_quiesce_t),
+                                                                      REMORA_INSIDE_STRIPES,
+                                                                      sizeof(struct remora_inside_stripe),
+                                                                      &remora_inside[0].n,
+                                                                      &g_pinned,
+                                                                      &g_fork_key};
 
 // Our fork handlers, out of glibc's list by the time our code goes: the
 // agent's unload took them out already (remora_tool_quiesce); a dlclose of
