@@ -216,6 +216,18 @@ Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbo
     return Error(Errc::kInternal, std::string("the agent's dlclose returned 0 but ") + kAgentName +
                                       " is still mapped (another library of the process holds it?)")
         .with_context("unload the agent");
+  // A tool the loader kept all the same (RTLD_NODELETE, a unique symbol,
+  // another library's reference): its segments are still mapped, by the
+  // same file. Named, as one that pinned itself is.
+  if (auto plan = unload_plan(info)) {
+    for (const auto& r : plan->code) {
+      for (const auto& m : maps) {
+        if (!m.exec || !m.file_backed() || m.start >= r.end || m.end <= r.start) continue;
+        if (std::find(report.kept_tools.begin(), report.kept_tools.end(), m.path) == report.kept_tools.end())
+          report.kept_tools.push_back(m.path);
+      }
+    }
+  }
   report.unloaded = true;
   return report;
 }
