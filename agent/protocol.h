@@ -174,6 +174,11 @@ struct remora_agent_info {
    * unload unregistered them (glibc 2.36 calls each handler without its
    * lock held). The controller waits for such a thread to leave. */
   uint64_t unload_fork[2];
+  /* [start, end) of the C library's __register_atfork (pthread_atfork): a
+   * thread inside it holds the lock that the agent's unregistration takes
+   * while it holds another (__cxa_finalize's); the controller waits for it
+   * too, so that a call it takes back never leaves a lock of glibc's taken. */
+  uint64_t unload_atfork[2];
 };
 
 /* The argument of remora_agent_loader_attach, in the controller's scratch

@@ -175,6 +175,16 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
   }
   in.unload_fork[0] = reinterpret_cast<uintptr_t>(fork_info.dli_saddr);
   in.unload_fork[1] = in.unload_fork[0] + fork_sym->st_size;
+  Dl_info reg_info{};
+  ElfW(Sym)* reg_sym = nullptr;
+  if (dladdr1(reinterpret_cast<void*>(&__register_atfork), &reg_info, reinterpret_cast<void**>(&reg_sym),
+              RTLD_DL_SYMENT) == 0 ||
+      reg_sym == nullptr || reg_info.dli_saddr == nullptr || reg_sym->st_size == 0) {
+    snprintf(why, why_size, "the C library's __register_atfork was not found");
+    return false;
+  }
+  in.unload_atfork[0] = reinterpret_cast<uintptr_t>(reg_info.dli_saddr);
+  in.unload_atfork[1] = in.unload_atfork[0] + reg_sym->st_size;
   if (const int sig = signal_into_ranges(); sig != 0) {
     snprintf(why, why_size, "the handler of signal %d is still in the code the unload would unmap", sig);
     return false;

@@ -181,8 +181,9 @@ Result<UnloadPlan> unload_plan(const remora_agent_info& info) {
   }
   UnloadPlan plan;
   plan.fork = {info.unload_fork[0], info.unload_fork[1]};
-  if (plan.fork.end <= plan.fork.start)
-    return Error(Errc::kParse, "the agent's unload plan has no fork() range");
+  plan.atfork = {info.unload_atfork[0], info.unload_atfork[1]};
+  if (plan.fork.end <= plan.fork.start || plan.atfork.end <= plan.atfork.start)
+    return Error(Errc::kParse, "the agent's unload plan has no fork() or __register_atfork range");
   for (uint32_t i = 0; i < info.unload_code_count; ++i) {
     const uint64_t start = info.unload_code[i][0], end = info.unload_code[i][1];
     if (end <= start) return Error(Errc::kParse, "the agent's unload plan has an empty code range");
@@ -234,8 +235,8 @@ QuiescenceCheck judge_forks(std::span<const ThreadLook> threads) {
   out.threads = threads.size();
   for (const auto& t : threads) {
     if (t.in_fork) {
-      out.why =
-          "thread " + std::to_string(t.tid) + " is inside fork(), where it may call a fork handler of ours";
+      out.why = "thread " + std::to_string(t.tid) +
+                " is inside fork() (where it may call a fork handler of ours) or pthread_atfork()";
       return out;
     }
   }
@@ -250,8 +251,10 @@ Result<void> Freeze::look(const UnloadPlan& plan) {
     auto r = ptrace::get_regs(tid);
     if (!r) return std::move(r).error().with_context("read the registers of thread " + std::to_string(tid));
     const uint64_t pc = arch::pc(*r);
-    const bool in_fork = (pc >= plan.fork.start && pc < plan.fork.end) ||
-                         holds_return_into(stack_words(mem, arch::sp(*r)), plan.fork);
+    const auto stack = stack_words(mem, arch::sp(*r));
+    bool in_fork = false;
+    for (const auto* range : {&plan.fork, &plan.atfork})
+      in_fork = in_fork || (pc >= range->start && pc < range->end) || holds_return_into(stack, *range);
     looks_.push_back({tid, pc, in_fork});
   }
   return ok();

@@ -38,6 +38,7 @@ struct UnloadPlan {
   std::vector<Range> code;
   std::vector<Counter> counters;
   Range fork;  // the C library's fork(): a return address into it means "inside a fork"
+  Range atfork;  // its __register_atfork: inside it, a thread holds the fork handlers' lock
 };
 
 // The plan in an info block read whole; an Error when the agent published
@@ -48,9 +49,9 @@ Result<UnloadPlan> unload_plan(const remora_agent_info& info);
 struct ThreadLook {
   pid_t tid = 0;
   uint64_t pc = 0;
-  // Its pc in fork(), or a return address into fork() within
-  // kForkScanBytes above its stack pointer. (A stale word there only delays
-  // the unload.)
+  // Its pc in fork() or __register_atfork(), or a return address into one
+  // within kForkScanBytes above its stack pointer. (A stale word there only
+  // delays the unload.)
   bool in_fork = false;
 };
 // Deeper than every frame a thread in fork() has between its stack pointer

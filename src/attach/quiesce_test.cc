@@ -28,6 +28,8 @@ remora_agent_info plan_info(std::vector<std::pair<uint64_t, uint64_t>> code,
   }
   info.unload_fork[0] = 0xd3e80;
   info.unload_fork[1] = 0xd4324;
+  info.unload_atfork[0] = 0xd4430;
+  info.unload_atfork[1] = 0xd45d2;
   return info;
 }
 
@@ -41,6 +43,7 @@ TEST(UnloadPlan, ReadFromTheInfoBlock) {
   EXPECT_EQ(plan->counters[0].stripes, 64u);
   EXPECT_EQ(plan->fork.start, 0xd3e80u);
   EXPECT_EQ(plan->fork.end, 0xd4324u);
+  EXPECT_EQ(plan->atfork.start, 0xd4430u);
 }
 
 TEST(UnloadPlan, RefusedWhenItCannotBeProven) {
@@ -55,8 +58,11 @@ TEST(UnloadPlan, RefusedWhenItCannotBeProven) {
   too_many.unload_code_count = REMORA_AGENT_UNLOAD_RANGES + 1;
   remora_agent_info no_fork = plan_info({{0x1000, 0x2000}}, {});
   no_fork.unload_fork[1] = no_fork.unload_fork[0];
+  remora_agent_info no_atfork = plan_info({{0x1000, 0x2000}}, {});
+  no_atfork.unload_atfork[1] = 0;
   const Row rows[] = {
       {"no fork() range", no_fork, Errc::kParse},
+      {"no __register_atfork range", no_atfork, Errc::kParse},
       {"an agent older than protocol 7", old_agent, Errc::kNotSupported},
       {"no code published (the agent's plan failed)", plan_info({}, {}), Errc::kNotSupported},
       {"more ranges than the block holds", too_many, Errc::kNotSupported},

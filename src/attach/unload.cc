@@ -32,8 +32,6 @@ std::vector<std::string> split_list(const char* list) {
   return out;
 }
 
-}  // namespace
-
 // Between two looks at stopped threads, a thread seen inside is given time
 // to come out: 1 ms, doubling to 50 ms.
 class Backoff {
@@ -61,6 +59,8 @@ Error stays_loaded(pid_t pid, const std::string& why, int looks) {
                                     std::to_string(pid) + " again once that thread is out");
 }
 
+}  // namespace
+
 // The first look (quiesce.h): every thread but the listener stopped, none
 // inside fork(); then, while they stay stopped, the listener takes our fork
 // handlers out of glibc's list (remora_agent_unload_forks) and leaves.
@@ -79,8 +79,11 @@ Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbo
         auto verdict = judge_forks(frozen->threads());
         why = verdict.why;
         if (verdict.proven) {
-          // A stopped thread may hold a lock __cxa_finalize takes (its exit
-          // functions' list): then the call is taken back, and tried again.
+          // A stopped thread may hold the exit functions' lock, which
+          // __cxa_finalize takes first: the call then waits, holding
+          // nothing, is taken back and tried again. (The fork handlers'
+          // lock, which it takes second, no stopped thread holds: none is
+          // inside fork() or __register_atfork.)
           const auto budget =
               std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1));
           auto rc = t.call(
@@ -102,7 +105,7 @@ Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbo
 }
 
 // The second look: every thread stopped, none in the code the dlclose
-// unmaps, none counted inside a tool or the agent, none inside fork().
+// unmaps, none counted inside a tool or the agent.
 Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline& deadline) {
   Backoff backoff;
   for (int looks = 1;; ++looks) {
