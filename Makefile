@@ -11,6 +11,9 @@
 #   make demo    build, then `remora attach` (the default tool) on the bundled sample service
 #   make bench   build, then run remora-bench-call and remora-bench-attach and print their results
 #   make bench-aarch64  the same two inside the aarch64 guest
+#   make soak    build, then bench/soak_real.py: 1,000 attach/detach cycles and 1,000 with --unload
+#                on redis, PostgreSQL, nginx, a JVM, node and python3 under load (installs
+#                $(SOAK_PACKAGES) first; SOAK_ARGS="--cycles 20 --programs redis,nginx" runs it small)
 #   make format  clang-format every C/C++ source in place
 #   make clean   remove the build trees
 #
@@ -27,6 +30,9 @@ DEB_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev libbe
                 zlib1g-dev musl-tools dwz libc6-dbg redis-server redis-tools nginx-light openjdk-17-jdk-headless \
                 qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross \
                 libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev
+# The soak's programs (make soak), apart from DEB_PACKAGES: make test and
+# make demo do without PostgreSQL.
+SOAK_PACKAGES := postgresql redis-server redis-tools nginx-light openjdk-17-jdk-headless nodejs python3
 # The aarch64 cross build's libraries, from Debian's arm64 architecture
 # (multiarch): apt must know arm64 for them, and for the guest's kernel and
 # busybox, which tests/aarch64/run_guest.py fetches with apt-get download.
@@ -39,7 +45,7 @@ AARCH64_BUILD_DIR ?= build-aarch64
 AARCH64_BUILD_TYPE ?= Release
 
 .PHONY: all deps configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64 \
-        bench-aarch64
+        bench-aarch64 soak-deps soak
 
 all: build
 
@@ -102,6 +108,27 @@ demo: build
 bench: build
 	$(BUILD_DIR)/bin/remora-bench-call
 	$(BUILD_DIR)/bin/remora-bench-attach $(BUILD_DIR)/lib/libremora-agent.so $(BUILD_DIR)/lib/libremora-hook-tool-a.so
+
+# As deps does, for the soak's own list (native packages only).
+soak-deps:
+	@missing=""; native=$$(dpkg --print-architecture); \
+	for p in $(SOAK_PACKAGES); do \
+	  dpkg-query -W -f='$${db:Status-Abbrev} $${Architecture}\n' $$p 2>/dev/null | grep -Eq "^ii +($$native|all)$$" || \
+	    missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  echo "soak-deps: installing$$missing"; \
+	  $$sudo apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+# Not part of make test: about 40 minutes on 2 CPUs (docs/benchmarks.md). As
+# root: PostgreSQL's cluster runs as the postgres user.
+SOAK_ARGS ?=
+soak: build soak-deps
+	/usr/bin/python3 -B bench/soak_real.py --remora $(BUILD_DIR)/bin/remora --work $(abspath $(BUILD_DIR))/bench/soak \
+	  $(SOAK_ARGS)
 
 # clang-format is not a build dependency; install it to use this target.
 format:
