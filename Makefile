@@ -123,8 +123,9 @@ soak-deps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends $$missing; \
 	fi
 
-# Not part of make test: about 40 minutes on 2 CPUs (docs/benchmarks.md). As
-# root: PostgreSQL's cluster runs as the postgres user.
+# Not part of make test: 2.5 hours on 2 CPUs shared with other builds, each
+# cycle 0.1-2 s (docs/benchmarks.md); SOAK_ARGS="--cycles 100" for a shorter
+# one. As root: PostgreSQL's cluster runs as the postgres user.
 SOAK_ARGS ?=
 soak: build soak-deps
 	/usr/bin/python3 -B bench/soak_real.py --remora $(BUILD_DIR)/bin/remora --work $(abspath $(BUILD_DIR))/bench/soak \

@@ -35,6 +35,7 @@ import json
 import os
 import pwd
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -47,7 +48,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "real"))
 import real_programs_test as real  # noqa: E402  (after the path it is found on)
 
-PROGRAMS = ["redis", "postgres", "nginx", "java", "node", "python3"]
+# The quick ones first: a run cut short still has them.
+PROGRAMS = ["redis", "nginx", "python3", "node", "java", "postgres"]
 
 
 class Interrupted(BaseException):
@@ -288,9 +290,20 @@ def slope_per_1000(points):
 
 
 def failure_kind(rc, out, err):
-    lines = [ln.strip() for ln in (err + "\n" + out).splitlines() if ln.strip()]
-    first = next((ln for ln in lines if "rror" in ln or "remora:" in ln), lines[0] if lines else "(nothing printed)")
-    return "exit %s: %s" % (rc, re.sub(r"\d+", "N", first)[:200]), first[:400]
+    """(kind, example): the kind is the exit code and the message's first
+    line, numbers made N; the example is all that remora printed, cut."""
+    said = re.compile(r"rror|fail|remora:|timed out|warning", re.I)
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    out_lines = out.splitlines()
+    lines += [ln.strip() for ln in out_lines if said.search(ln)]
+    first = lines[0] if lines else "(nothing printed)"
+    # The stdout lines that say what failed, each with the two after it
+    # ("Detach failed for:" names the process on the next line).
+    failed = re.compile(r"fail|rror|timed out", re.I)
+    told = [i + k for i, ln in enumerate(out_lines) if failed.search(ln) for k in range(3) if i + k < len(out_lines)]
+    told = "\n".join(out_lines[i] for i in sorted(set(told)))
+    example = "stderr: %s | stdout: %s" % (err.strip()[:1500], told[:1500] or out.strip()[-500:])
+    return "exit %s: %s" % (rc, re.sub(r"\d+", "N", first)[:200]), example.replace("\n", " / ")
 
 
 class Phase:
@@ -327,6 +340,7 @@ class Soak:
         self.baseline = None
         self.skipped = self.error = None
         self.remora = None  # the running remora, killed on the way out
+        self.last_remora = ""  # the last cycle's exit and output
         self.client_failures = []
         self.wall_s = 0.0
 
@@ -392,13 +406,23 @@ class Soak:
                     # remora says on stderr what it could not do (a tool
                     # that stays loaded after --unload): counted too.
                     first = err.strip().splitlines()[0]
-                    ph.fail("exit 0, warned: " + re.sub(r"\d+", "N", first)[:200], first[:400])
+                    ph.fail("exit 0, warned: " + re.sub(r"\d+", "N", first)[:200], err.strip()[:1500])
                 for entry in os.listdir(out_dir):
-                    shutil.rmtree(os.path.join(out_dir, entry), ignore_errors=True)
+                    path = os.path.join(out_dir, entry)
+                    if os.path.islink(path):  # NAME-PID-latest
+                        os.unlink(path)
+                    else:
+                        shutil.rmtree(path, ignore_errors=True)
                 what = "%s cycle %d" % (ph.name, i)
-                served.alive(what)
-                if i % self.args.answer_every == 0 or i == n:
-                    served.answers()
+                self.last_remora = "remora exit %s\nstdout:\n%s\nstderr:\n%s" % (rc, out[-2000:], err[-2000:])
+                try:
+                    served.alive(what)
+                    if i % self.args.answer_every == 0 or i == n:
+                        served.answers()
+                except (OSError, subprocess.SubprocessError) as e:
+                    # No answer at all (a hang, a refused connection) is
+                    # harm as much as a wrong one.
+                    raise real.Failure("%s: the program answers: %s: %s" % (what, type(e).__name__, e))
                 if i in at:
                     ph.samples.append((i,) + measure(tracked))
                     good, bad, _ = served.load.counts()
@@ -408,7 +432,8 @@ class Soak:
                                                                  good - good0, bad - bad0,
                                                                  sum(c for c, _ in ph.failures.values())), flush=True)
         except real.Failure as e:
-            ph.harm = "%s" % e
+            # What the cycle that harmed it said, and where a core went.
+            ph.harm = "%s\nthe cycle's %s" % (e, self.last_remora)
             raise
         finally:
             good, bad, _ = served.load.counts()
@@ -439,17 +464,31 @@ class Soak:
             print("      %s: pid %d, measured %s; before any attach: fds %d, maps %d, rss %d kB, vm %d kB" % (
                 self.name, served.pid, tracked, *self.baseline), flush=True)
             for unload in (False, True):
-                self.phase(served, tracked, out_dir, unload, end)
+                if ("unload" if unload else "plain") in args.phases.split(","):
+                    self.phase(served, tracked, out_dir, unload, end)
         except real.Skip as e:
             self.skipped = str(e)
             print("skip  %s: %s" % (self.name, e))
         except real.Failure as e:
             self.error = str(e)
-            print("HARM  %s: %s" % (self.name, e))
+            harm = next((ph.harm for ph in self.phases if ph.harm), None)
+            print("HARM  %s: %s" % (self.name, harm or e))
         except (OSError, subprocess.SubprocessError) as e:
             self.error = "%s: %s" % (type(e).__name__, e)
             print("ERROR %s: %s" % (self.name, self.error))
+        except BaseException:
+            self.error = "interrupted"
+            raise
         finally:
+            if self.error and self.error != "interrupted" and args.hold_s > 0:
+                # The processes as the harm left them, for a look (/proc,
+                # gdb) before they are killed.
+                print("      holding %s's processes for %d s: %s" % (
+                    self.name, args.hold_s, [p.pid for p in programs.procs]), flush=True)
+                try:
+                    time.sleep(args.hold_s)
+                except BaseException:  # a signal ends the hold, not the clean-up
+                    print("      the hold ended early")
             self.kill_remora()
             if served is not None and load_started:
                 try:
@@ -506,7 +545,7 @@ def report(soaks, args):
                 s.name, ph.name, ph.cycles, "-" if ph.median() is None else "%.0f ms" % (1000 * ph.median()),
                 ph.client[1], "yes" if ph.harm else "0", fails, *(fmt_slope(v) for v in slopes), levels))
             for kind, (count, message) in sorted(ph.failures.items(), key=lambda kv: -kv[1][0]):
-                notes.append("- %s %s: %d x `%s` (first: %s)" % (s.name, ph.name, count, kind, message))
+                notes.append("- %s %s: %d x `%s` (first: %s)" % (s.name, ph.name, count, kind, message[:300]))
             if ph.harm:
                 notes.append("- %s %s: harmed: %s" % (s.name, ph.name, ph.harm.splitlines()[0]))
         if s.error and not any(ph.harm for ph in s.phases):
@@ -522,6 +561,7 @@ def main():
     ap.add_argument("--remora", default=os.path.join(root, "build", "bin", "remora"))
     ap.add_argument("--programs", default=",".join(PROGRAMS), help="comma-separated, of " + ",".join(PROGRAMS))
     ap.add_argument("--cycles", type=int, default=1000, help="per phase (plain, then --unload)")
+    ap.add_argument("--phases", default="plain,unload", help="plain: the cycles without --unload; unload: with")
     ap.add_argument("--duration-ms", type=int, default=20, help="remora attach -d")
     ap.add_argument("--samples", type=int, default=10, help="growth samples per phase, after its first cycle")
     ap.add_argument("--answer-every", type=int, default=20, help="check the program's answers every N cycles")
@@ -529,6 +569,8 @@ def main():
     ap.add_argument("--deadline-s", type=int, default=3600, help="per program: no cycle starts after it")
     ap.add_argument("--src", default=os.path.join(root, "tests", "real", "servers"))
     ap.add_argument("--work", default=os.path.join(root, "build", "bench", "soak"), help="for the compiled Java class")
+    ap.add_argument("--hold-s", type=int, default=0, help="on harm, leave the processes for this long first")
+    ap.add_argument("--cores", action="store_true", help="let the programs dump core (RLIMIT_CORE unlimited)")
     ap.add_argument("--json", help="write every count and sample here")
     ap.add_argument("--markdown", help="write the table here too")
     args = ap.parse_args()
@@ -540,6 +582,10 @@ def main():
     if not os.access(args.remora, os.X_OK):
         ap.error("no remora at %s (build it: make)" % args.remora)
     os.makedirs(args.work, exist_ok=True)
+    if args.cores:
+        # Inherited by the programs: a crash leaves a core where
+        # /proc/sys/kernel/core_pattern says.
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     signal.signal(signal.SIGTERM, on_signal)
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # nohup's stays ignored
         signal.signal(signal.SIGHUP, on_signal)

@@ -276,7 +276,7 @@ class RedisLoad:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 out, err = self.proc.communicate()
-                failure = "redis-benchmark run %d took over 60 s" % (self.runs + 1)
+                failure = "%s run %d took over 60 s" % (os.path.basename(self.argv[0]), self.runs + 1)
             self.runs += 1
             failure = failure or self.judge(self.proc.returncode, out, err)
             if failure:
