@@ -12,6 +12,9 @@
 #   make demo    build, then `remora attach` (the default tool) on the bundled sample service
 #   make bench   build, then run remora-bench-call and remora-bench-attach and print their results
 #   make bench-aarch64  the same two inside the aarch64 guest
+#   make soak    build, then bench/soak_real.py: 1,000 attach/detach cycles and 1,000 with --unload
+#                on redis, PostgreSQL, nginx, a JVM, node and python3 under load (installs
+#                $(SOAK_PACKAGES) first; SOAK_ARGS="--cycles 20 --programs redis,nginx" runs it small)
 #   make format  clang-format every C/C++ source in place
 #   make clean   remove the build trees
 #
@@ -32,6 +35,9 @@ BUILD_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev lib
 TEST_PACKAGES := python3-pytest util-linux mount musl-tools dwz libc6-dbg redis-server redis-tools nginx-light \
                  openjdk-17-jdk-headless qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu \
                  libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev
+# The soak's programs (make soak), apart from the lists above: make test and
+# make demo do without PostgreSQL.
+SOAK_PACKAGES := postgresql redis-server redis-tools nginx-light openjdk-17-jdk-headless nodejs python3
 # The aarch64 cross build's libraries, from Debian's arm64 architecture
 # (multiarch): apt must know arm64 for them, and for the guest's kernel and
 # busybox, which tests/aarch64/run_guest.py fetches with apt-get download.
@@ -43,8 +49,8 @@ AARCH64_BUILD_DIR ?= build-aarch64
 # (the test programs keep their own -O2 -g).
 AARCH64_BUILD_TYPE ?= Release
 
-.PHONY: all deps test-deps install-packages configure build test demo bench format clean aarch64-configure aarch64-build test-aarch64 \
-        bench-aarch64
+.PHONY: all deps test-deps install-packages configure build test demo bench format clean aarch64-configure \
+        aarch64-build test-aarch64 bench-aarch64 soak-deps soak
 
 all: build
 
@@ -115,6 +121,18 @@ demo: build
 bench: build
 	$(BUILD_DIR)/bin/remora-bench-call
 	$(BUILD_DIR)/bin/remora-bench-attach $(BUILD_DIR)/lib/libremora-agent.so $(BUILD_DIR)/lib/libremora-hook-tool-a.so
+
+# As deps does, for the soak's own list (native packages only).
+soak-deps:
+	@$(MAKE) --no-print-directory install-packages PACKAGES="$(SOAK_PACKAGES)"
+
+# Not part of make test: 2.5 hours on 2 CPUs shared with other builds, each
+# cycle 0.1-2 s (docs/benchmarks.md); SOAK_ARGS="--cycles 100" for a shorter
+# one. As root: PostgreSQL's cluster runs as the postgres user.
+SOAK_ARGS ?=
+soak: build soak-deps
+	/usr/bin/python3 -B bench/soak_real.py --remora $(BUILD_DIR)/bin/remora --work $(abspath $(BUILD_DIR))/bench/soak \
+	  $(SOAK_ARGS)
 
 # clang-format is not a build dependency; install it to use this target.
 format:

@@ -25,6 +25,7 @@ and killed on every exit path.
 import argparse
 import ctypes
 import os
+import pwd
 import re
 import select
 import shutil
@@ -84,14 +85,18 @@ class Programs:
     def __init__(self, tmp):
         self.tmp, self.procs = tmp, []
 
-    def start(self, name, argv, cwd=None, death_signal=signal.SIGKILL):
+    def start(self, name, argv, cwd=None, death_signal=signal.SIGKILL, user=None):
+        """user: run as this user (and its group), for programs that refuse
+        root (bench/soak_real.py's PostgreSQL); the death signal is set after
+        the switch, which would clear it."""
         # stderr into a file: a pipe nobody reads could fill and block it.
         err = open(os.path.join(self.tmp, name + ".stderr"), "w+b")
         # --channel socket: the program under test (each case starts it
         # first) opts in at launch; its load clients do not.
         env = dict(os.environ, **OPT_IN_ENV) if OPT_IN_ENV and not self.procs else None
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, cwd=cwd,
-                             start_new_session=True, preexec_fn=die_with_this_test(death_signal), env=env)
+                             start_new_session=True, preexec_fn=die_with_this_test(death_signal), env=env,
+                             user=user, group=user and pwd.getpwnam(user).pw_gid, extra_groups=user and [])
         p.err_file = err
         self.procs.append(p)
         return p
@@ -235,22 +240,27 @@ class HttpLoad:
                                                                                          self.errors),
               "\n".join(self.first_failures))
 
+    def counts(self):
+        """(good answers, wrong answers and exceptions, the first few)."""
+        return self.ok, self.bad + self.errors, self.first_failures
+
     def describe(self):
         return "%d requests, all 200 with the right body" % self.ok
 
 
 class RedisLoad:
     """redis-benchmark in a loop of bounded runs (-n) until stopped; each run
-    must exit 0, print a rate for every test and nothing on stderr."""
+    must exit 0, print a rate for every test and nothing on stderr. A failed
+    run stops the loop, unless keep_going (the soak counts them all)."""
 
     TESTS = "set,get,incr,lpush,lpop"
 
-    def __init__(self, benchmark, port, max_runs=100, max_s=150):
+    def __init__(self, benchmark, port, max_runs=100, max_s=150, keep_going=False):
         self.argv = [benchmark, "-h", "127.0.0.1", "-p", str(port), "-n", "20000", "-c", "8", "-P", "4", "-q", "-t",
                      self.TESTS]
-        self.max_runs, self.end = max_runs, time.monotonic() + max_s
-        self.runs = 0
-        self.failures = []
+        self.max_runs, self.end, self.keep_going = max_runs, time.monotonic() + max_s, keep_going
+        self.runs = self.failed = 0
+        self.failures = []  # the first few, for the report
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.proc = None
@@ -262,18 +272,28 @@ class RedisLoad:
                                          start_new_session=True, text=True)
             try:
                 out, err = self.proc.communicate(timeout=60)
+                failure = None
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 out, err = self.proc.communicate()
-                self.failures.append("redis-benchmark run %d took over 60 s" % (self.runs + 1))
-                return
+                failure = "%s run %d took over 60 s" % (os.path.basename(self.argv[0]), self.runs + 1)
             self.runs += 1
-            rates = re.findall(r"^(\S+): [\d.]+ requests per second", out.replace("\r", "\n"), re.M)
-            wanted = [t.upper() for t in self.TESTS.split(",")]
-            if self.proc.returncode != 0 or err.strip() or sorted(set(rates)) != sorted(wanted):
-                self.failures.append("run %d: rc %d, rates for %s (want %s)\nstdout:\n%s\nstderr:\n%s" % (
-                    self.runs, self.proc.returncode, rates, wanted, out[-1500:], err[-1500:]))
-                return
+            failure = failure or self.judge(self.proc.returncode, out, err)
+            if failure:
+                self.failed += 1
+                if len(self.failures) < 5:
+                    self.failures.append(failure)
+                if not self.keep_going:
+                    return
+
+    def judge(self, rc, out, err):
+        """Why a finished run failed, or None."""
+        rates = re.findall(r"^(\S+): [\d.]+ requests per second", out.replace("\r", "\n"), re.M)
+        wanted = [t.upper() for t in self.TESTS.split(",")]
+        if rc != 0 or err.strip() or sorted(set(rates)) != sorted(wanted):
+            return "run %d: rc %d, rates for %s (want %s)\nstdout:\n%s\nstderr:\n%s" % (
+                self.runs, rc, rates, wanted, out[-1500:], err[-1500:])
+        return None
 
     def start(self):
         self.thread.start()
@@ -292,6 +312,11 @@ class RedisLoad:
 
     def check_clean(self, what):
         check(not self.failures, "%s: redis-benchmark saw no error" % what, "\n".join(self.failures))
+
+    def counts(self):
+        """(requests or runs that went well, those that did not, the first
+        few failures): the same shape for every load."""
+        return self.runs - self.failed, self.failed, self.failures
 
     def describe(self):
         return "%d redis-benchmark runs of 20000 requests x %d tests, all clean" % (self.runs,
@@ -349,27 +374,43 @@ def check_hot(dirs, matches, what):
     print("      its frames on most stacks: %s" % ", ".join("%s %d" % (f[:60], n) for f, n in top[:8]))
 
 
-def run_case(args, tmp, programs, name, pid, load, alive, answers, matches, hot_what, warm, profiled=None):
+class Served:
+    """A program started and answering, its load client made but not yet
+    started: what run_case (and bench/soak_real.py) drives.
+
+    pid: the process attached (nginx: the master); load: an HttpLoad or a
+    RedisLoad; alive(what) and answers(): checks that raise Failure; warm():
+    waits, the load started, until it has done some work; matches(frame) and
+    hot_what: the hot functions the profile must name; profiled(): the pids
+    whose profiles are looked at (None: all)."""
+
+    def __init__(self, name, pid, load, alive, answers, warm, matches, hot_what, profiled=None):
+        self.name, self.pid, self.load, self.alive, self.answers, self.warm = name, pid, load, alive, answers, warm
+        self.matches, self.hot_what, self.profiled = matches, hot_what, profiled
+
+
+def run_case(args, tmp, programs, served):
     """The common part: load running, warm-up, cycles, stop, checks. The hot
-    functions are looked for in the profiles of the pids profiled() returns
-    (default: all)."""
+    functions are looked for in the profiles of the pids served.profiled()
+    returns (default: all)."""
+    name, load, alive = served.name, served.load, served.alive
     t0 = time.monotonic()
     load.start()
     try:
-        warm()
+        served.warm()
         print("      warm-up under load: %.2f s" % (time.monotonic() - t0))
         t1 = time.monotonic()
-        dirs = attach_cycles(args, pid, os.path.join(tmp, name + "-out"), alive)
+        dirs = attach_cycles(args, served.pid, os.path.join(tmp, name + "-out"), alive)
         cycles_s = time.monotonic() - t1
     finally:
         load.stop()
     load.check_clean("under %d attach/detach cycles" % CYCLES)
     alive("after the load")
-    answers()
-    if profiled:
-        dirs = {p: d for p, d in dirs.items() if p in profiled()}
+    served.answers()
+    if served.profiled:
+        dirs = {p: d for p, d in dirs.items() if p in served.profiled()}
         check(dirs, "the last session profiled the processes that do the work", repr(dirs))
-    check_hot(dirs, matches, hot_what)
+    check_hot(dirs, served.matches, served.hot_what)
     print("ok    %s: %s; %d cycles in %.2f s, alive, answers, exits 0" % (name, load.describe(), CYCLES, cycles_s))
 
 
@@ -380,9 +421,12 @@ def process_alive(p, name):
 
 
 # --- the programs -----------------------------------------------------------
+# start_NAME(args, tmp, programs, **load_kw) starts the program, waits until
+# it answers and returns it Served, its load made with load_kw (HttpLoad's or
+# RedisLoad's limits); case_NAME runs the test's cycles on it.
 
 
-def case_redis(args, tmp, programs):
+def start_redis(args, tmp, programs, **load_kw):
     server, benchmark = need("redis-server", "redis-benchmark", package="redis-server redis-tools")
     port = free_port()
     p = programs.start("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
@@ -391,7 +435,7 @@ def case_redis(args, tmp, programs):
     alive = process_alive(p, "redis-server")
     until(lambda: p.poll() is None and redis_command(port, b"PING") == b"+PONG", 30, "redis-server answers PING",
           lambda: stderr_tail(p))
-    load = RedisLoad(benchmark, port)
+    load = RedisLoad(benchmark, port, **load_kw)
 
     def answers():
         check(redis_command(port, b"SET", b"remora-real", b"42") == b"+OK", "redis-server answers SET")
@@ -403,8 +447,12 @@ def case_redis(args, tmp, programs):
     names = {"readQueryFromClient", "processInputBuffer", "processMultibulkBuffer", "processCommand", "call",
              "lookupKey", "dictFind", "setCommand", "getCommand", "incrCommand", "lpushCommand", "lpopCommand",
              "writeToClient", "_writeToClient", "handleClientsWithPendingWrites", "_addReplyToBufferOrList"}
-    run_case(args, tmp, programs, "redis", p.pid, load, alive, answers, lambda f: f in names,
-             "a function of redis's command path", lambda: load.wait_for(1, 60, "a first redis-benchmark run"))
+    return Served("redis", p.pid, load, alive, answers, lambda: load.wait_for(1, 60, "a first redis-benchmark run"),
+                  lambda f: f in names, "a function of redis's command path")
+
+
+def case_redis(args, tmp, programs):
+    run_case(args, tmp, programs, start_redis(args, tmp, programs))
 
 
 NGINX_CONF = """\
@@ -437,7 +485,7 @@ def children(pid):
         return sorted(int(c) for c in f.read().split())
 
 
-def case_nginx(args, tmp, programs):
+def start_nginx(args, tmp, programs, **load_kw):
     (nginx,) = need("nginx", package="nginx-light")
     port = free_port()
     os.makedirs(os.path.join(tmp, "www"))
@@ -467,49 +515,67 @@ def case_nginx(args, tmp, programs):
             log = f.read()
         check("exited on signal" not in log, "%s: no worker died" % what, log[-3000:])
 
-    load = HttpLoad(port, "/index.html", body)
-    run_case(args, tmp, programs, "nginx", p.pid, load, alive,
-             lambda: check(http_get(port, "/index.html") == (200, body), "nginx still answers"),
-             lambda f: f.startswith("ngx_http_"), "an ngx_http_ function in the workers",
-             lambda: load.wait_for(200, 60, "200 answers from nginx"), profiled=lambda: workers)
+    load = HttpLoad(port, "/index.html", body, **load_kw)
+    return Served("nginx", p.pid, load, alive,
+                  lambda: check(http_get(port, "/index.html") == (200, body), "nginx still answers"),
+                  lambda: load.wait_for(200, 60, "200 answers from nginx"), lambda f: f.startswith("ngx_http_"),
+                  "an ngx_http_ function in the workers", profiled=lambda: workers)
 
 
-def http_case(args, tmp, programs, name, argv, n, matches, hot_what, warm_requests, cwd=None):
-    p = programs.start(name, argv, cwd=cwd)
+def case_nginx(args, tmp, programs):
+    run_case(args, tmp, programs, start_nginx(args, tmp, programs))
+
+
+def http_served(programs, name, argv, n, matches, hot_what, warm_requests, **load_kw):
+    # In the case's directory: what the runtime writes in its working
+    # directory (node's isolate-*-v8.log, a JVM's hs_err_pid*.log) goes with
+    # the case's outputs.
+    p = programs.start(name, argv, cwd=programs.tmp)
     port = read_ready(p, 60, name)
     expect = b"%d\n" % expected_sum(n)
     path = "/work?n=%d" % n
     until(lambda: http_get(port, path) == (200, expect), 30, "%s answers GET %s" % (name, path))
-    load = HttpLoad(port, path, expect)
-    run_case(args, tmp, programs, name, p.pid, load, process_alive(p, name),
-             lambda: check(http_get(port, path) == (200, expect), "%s still answers right" % name), matches,
-             hot_what, lambda: load.wait_for(warm_requests, 60, "%d answers from %s" % (warm_requests, name)))
-    return p
+    load = HttpLoad(port, path, expect, **load_kw)
+    return Served(name, p.pid, load, process_alive(p, name),
+                  lambda: check(http_get(port, path) == (200, expect), "%s still answers right" % name),
+                  lambda: load.wait_for(warm_requests, 60, "%d answers from %s" % (warm_requests, name)), matches,
+                  hot_what)
 
 
-def case_python(args, tmp, programs):
+def start_python(args, tmp, programs, **load_kw):
     # The program under test is Debian's python3, whatever runs this script.
     python = shutil.which("python3", path="/usr/bin:/bin")
     if not python:
         raise Skip("python3 not installed (Debian: python3)")
-    http_case(args, tmp, programs, "python3", [python, os.path.join(args.src, "http_server.py")], 20000,
-              lambda f: f == "_PyEval_EvalFrameDefault" or f.startswith("PyObject_"),
-              "_PyEval_EvalFrameDefault or a PyObject_ function", 20)
+    return http_served(programs, "python3", [python, os.path.join(args.src, "http_server.py")], 20000,
+                       lambda f: f == "_PyEval_EvalFrameDefault" or f.startswith("PyObject_"),
+                       "_PyEval_EvalFrameDefault or a PyObject_ function", 20, **load_kw)
 
 
-def case_node(args, tmp, programs):
+def case_python(args, tmp, programs):
+    run_case(args, tmp, programs, start_python(args, tmp, programs))
+
+
+def start_node(args, tmp, programs, **load_kw):
+    """The caller removes the perf map (remove_perf_map) when done."""
     node = shutil.which("node") or shutil.which("nodejs")
     if not node:
         raise Skip("node not installed (Debian: nodejs)")
+    return http_served(programs, "node", [node, "--perf-basic-prof", os.path.join(args.src, "http_server.js")],
+                       300000, lambda f: "remoraReal" in f, "a JS function of the server (remoraReal*)", 200,
+                       **load_kw)
+
+
+def case_node(args, tmp, programs):
     try:
-        http_case(args, tmp, programs, "node", [node, "--perf-basic-prof",
-                                                    os.path.join(args.src, "http_server.js")], 300000,
-                      lambda f: "remoraReal" in f, "a JS function of the server (remoraReal*)", 200)
+        run_case(args, tmp, programs, start_node(args, tmp, programs))
     finally:
         remove_perf_map(programs)
 
 
-def case_java(args, tmp, programs):
+def start_java(args, tmp, programs, **load_kw):
+    """Compiles the server into args.work first. The caller removes the perf
+    map (remove_perf_map) when done."""
     java, javac = need("java", "javac", package="openjdk-17-jdk-headless")
     classes = os.path.join(args.work, "real-classes")
     os.makedirs(classes, exist_ok=True)
@@ -518,14 +584,19 @@ def case_java(args, tmp, programs):
                        text=True, timeout=120)
     check(r.returncode == 0, "javac RemoraRealServer.java", r.stdout + r.stderr)
     print("      javac: %.2f s" % (time.monotonic() - start))
+    # C2 inlines work() into the HTTP server's filter chain, and the perf
+    # map knows no inlining: keep the server's methods whole, so that the
+    # profile can be checked for them by name.
+    return http_served(programs, "java", [java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:CompileCommand=quiet",
+                                          "-XX:CompileCommand=dontinline,RemoraRealServer::*", "-cp", classes,
+                                          "RemoraRealServer"], 300000,
+                       lambda f: "RemoraRealServer" in f, "a Java method of the server (RemoraRealServer.*)", 300,
+                       **load_kw)
+
+
+def case_java(args, tmp, programs):
     try:
-        # C2 inlines work() into the HTTP server's filter chain, and the perf
-        # map knows no inlining: keep the server's methods whole, so that the
-        # profile can be checked for them by name.
-        http_case(args, tmp, programs, "java", [java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:CompileCommand=quiet",
-                                                "-XX:CompileCommand=dontinline,RemoraRealServer::*", "-cp", classes,
-                                                "RemoraRealServer"], 300000,
-                  lambda f: "RemoraRealServer" in f, "a Java method of the server (RemoraRealServer.*)", 300)
+        run_case(args, tmp, programs, start_java(args, tmp, programs))
     finally:
         remove_perf_map(programs)
 
