@@ -103,6 +103,18 @@ int signal_into_ranges() {
 
 char g_fork_key;
 
+// [start, end) of the function at `fn`, from its symbol's size.
+bool function_range(void* fn, uint64_t (&range)[2]) {
+  Dl_info info{};
+  ElfW(Sym)* sym = nullptr;
+  if (dladdr1(fn, &info, reinterpret_cast<void**>(&sym), RTLD_DL_SYMENT) == 0 || sym == nullptr ||
+      info.dli_saddr == nullptr || sym->st_size == 0)
+    return false;
+  range[0] = reinterpret_cast<uintptr_t>(info.dli_saddr);
+  range[1] = range[0] + sym->st_size;
+  return true;
+}
+
 }  // namespace
 
 int register_fork_handlers(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
@@ -165,26 +177,14 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
     c[1] = q->stripes;
     c[2] = q->stride;
   }
-  Dl_info fork_info{};
-  ElfW(Sym)* fork_sym = nullptr;
-  if (dladdr1(reinterpret_cast<void*>(&fork), &fork_info, reinterpret_cast<void**>(&fork_sym),
-              RTLD_DL_SYMENT) == 0 ||
-      fork_sym == nullptr || fork_info.dli_saddr == nullptr || fork_sym->st_size == 0) {
+  if (!function_range(reinterpret_cast<void*>(&fork), in.unload_fork)) {
     snprintf(why, why_size, "the C library's fork() was not found");
     return false;
   }
-  in.unload_fork[0] = reinterpret_cast<uintptr_t>(fork_info.dli_saddr);
-  in.unload_fork[1] = in.unload_fork[0] + fork_sym->st_size;
-  Dl_info reg_info{};
-  ElfW(Sym)* reg_sym = nullptr;
-  if (dladdr1(reinterpret_cast<void*>(&__register_atfork), &reg_info, reinterpret_cast<void**>(&reg_sym),
-              RTLD_DL_SYMENT) == 0 ||
-      reg_sym == nullptr || reg_info.dli_saddr == nullptr || reg_sym->st_size == 0) {
+  if (!function_range(reinterpret_cast<void*>(&__register_atfork), in.unload_atfork)) {
     snprintf(why, why_size, "the C library's __register_atfork was not found");
     return false;
   }
-  in.unload_atfork[0] = reinterpret_cast<uintptr_t>(reg_info.dli_saddr);
-  in.unload_atfork[1] = in.unload_atfork[0] + reg_sym->st_size;
   if (const int sig = signal_into_ranges(); sig != 0) {
     snprintf(why, why_size, "the handler of signal %d is still in the code the unload would unmap", sig);
     return false;

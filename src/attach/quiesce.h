@@ -37,7 +37,7 @@ struct UnloadPlan {
   };
   std::vector<Range> code;
   std::vector<Counter> counters;
-  Range fork;  // the C library's fork(): a return address into it means "inside a fork"
+  Range fork;    // the C library's fork(): a return address into it means "inside a fork"
   Range atfork;  // its __register_atfork: inside it, a thread holds the fork handlers' lock
 };
 
