@@ -858,7 +858,7 @@ void fini_tools_locked() {
     t.inited = false;
     if (t.handle == nullptr) continue;
     snprintf(g_unload_paths[g_unload_count], sizeof g_unload_paths[0], "%s", t.path);
-    g_unload_tools[g_unload_count] = UnloadTool{t.handle, g_unload_paths[g_unload_count]};
+    g_unload_tools[g_unload_count] = UnloadTool{t.handle, g_unload_paths[g_unload_count], nullptr};
     ++g_unload_count;
   }
   memset(g_tools, 0, sizeof g_tools);

@@ -49,12 +49,16 @@ OwnStack& lease_stack();
 struct UnloadTool {
   void* handle;
   const char* path;
+  // The key its fork handlers were registered under (remora_tool_quiesce's
+  // fork_key), found by plan_unload: the listener takes them out with every
+  // other thread stopped, where a dlsym (the loader's lock) must not run.
+  void* fork_key;
 };
 // Fills the info block's kept, unload_code and unload_counters for the
 // controller's proof; false (with `why`) when it cannot say what the
 // unload would unmap: the agent then stays.
 // `hooks_inside`: the agent's own count of controllers' threads in its hooks.
-bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
+bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
                  char* why, size_t why_size);
 // The agent's fork handlers, registered under a key of their own so that
 // an unload can take them out of glibc's list before its proof (glibc

@@ -124,17 +124,12 @@ int register_fork_handlers(void (*prepare)(void), void (*parent)(void), void (*c
 void unregister_fork_handlers() { __cxa_finalize(&g_fork_key); }
 
 void release_fork_handlers(const UnloadTool* tools, int count) {
-  for (int i = count - 1; i >= 0; --i) {
-    if (tools[i].handle == nullptr) continue;
-    const auto* q = static_cast<const remora_tool_quiesce_t*>(dlsym(tools[i].handle, "remora_tool_quiesce"));
-    if (q != nullptr && q->size >= offsetof(remora_tool_quiesce_t, fork_key) + sizeof q->fork_key &&
-        q->fork_key != nullptr)
-      __cxa_finalize(q->fork_key);
-  }
+  for (int i = count - 1; i >= 0; --i)
+    if (tools[i].handle != nullptr && tools[i].fork_key != nullptr) __cxa_finalize(tools[i].fork_key);
   unregister_fork_handlers();
 }
 
-bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
+bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
                  char* why, size_t why_size) {
   struct remora_agent_info& in = remora_agent_info;
   in.unload_code_count = 0;
@@ -154,6 +149,9 @@ bool plan_unload(const UnloadTool* tools, int count, const void* self_link_map, 
     // The fields up to `pinned` (fork_key is read only where `size` covers it).
     const bool complete =
         q == nullptr || q->size >= offsetof(remora_tool_quiesce_t, pinned) + sizeof(q->pinned);
+    tools[i].fork_key = nullptr;
+    if (q != nullptr && q->size >= offsetof(remora_tool_quiesce_t, fork_key) + sizeof q->fork_key)
+      tools[i].fork_key = q->fork_key;
     if (q != nullptr && complete && q->pinned != nullptr &&
         __atomic_load_n(q->pinned, __ATOMIC_ACQUIRE) != 0) {
       append_kept(tools[i].path);  // stays mapped (RTLD_NODELETE): not in the proof

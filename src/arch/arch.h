@@ -98,6 +98,9 @@ inline uint64_t call_sp(uint64_t sp) {
 // at call_sp; there is no link register to set.
 inline constexpr bool kReturnAddressInRegister = false;
 inline void set_return_address(HostRegs&, uint64_t) {}
+// The return address a leaf function keeps in a register (0: none here, a
+// call pushes it on the stack).
+inline uint64_t link_register(const HostRegs&) { return 0; }
 
 #elif defined(__aarch64__)
 
@@ -150,6 +153,9 @@ inline void set_call(HostRegs& r, uint64_t fn, std::span<const uint64_t> args) {
   set_syscall_nr(r, -1);
 }
 inline void set_return_address(HostRegs& r, uint64_t return_to) { r.x[30] = return_to; }
+// The return address a leaf function keeps in x30 and never stores: a thread
+// stopped in glibc's _Fork (a leaf, called by fork()) has fork() only there.
+inline uint64_t link_register(const HostRegs& r) { return r.x[30]; }
 // No red zone; sp 16-byte aligned at every call.
 inline uint64_t call_sp(uint64_t sp) { return (sp - 256) & ~(aarch64::kStackAlign - 1); }
 // Whether the return address is passed in a register (set_return_address)

@@ -109,7 +109,10 @@ Result<std::string> Freeze::seize_all(pid_t spared) {
         REMORA_LOG(kAttach, "freeze of %d: thread %d was still ours", static_cast<int>(pid_),
                    static_cast<int>(tid));
       }
-      held_[tid] = Held{};
+      Held& h = held_[tid] = Held{};
+      if (a::kStopForgetsSyscall) {
+        if (auto st = procfs::read_syscall(pid_, tid); st && !st->running && st->nr >= 0) h.entry = *st;
+      }
       if (auto i = ptrace::interrupt(tid); !i) return std::move(i).error();
     }
     if (!fresh) return std::string();
@@ -156,6 +159,7 @@ void Freeze::plan_repairs() {
     if (!h.stopped) continue;
     auto r = ptrace::get_regs(tid);
     if (!r) continue;
+    if (h.entry) *r = a::with_entry_args(*r, h.entry->nr, h.entry->args, h.entry->pc);
     const int64_t nr = a::syscall_nr(*r);
     if (nr < 0 || a::return_value(*r) != -EINTR || !a::never_restarted(nr)) continue;
     const auto kind = a::classify_restart(*r, handled_signal_for(pid_, tid, h.sig));
@@ -200,9 +204,12 @@ Result<UnloadPlan> unload_plan(const remora_agent_info& info) {
   return plan;
 }
 
-bool holds_return_into(std::span<const uint64_t> stack, const UnloadPlan::Range& fork) {
+bool holds_return_into(std::span<const uint64_t> words, const UnloadPlan::Range& fork, uint64_t tag_mask) {
   // A return address follows its call: it is never the function's entry.
-  return std::any_of(stack.begin(), stack.end(), [&](uint64_t w) { return w > fork.start && w <= fork.end; });
+  return std::any_of(words.begin(), words.end(), [&](uint64_t w) {
+    w &= ~tag_mask;
+    return w > fork.start && w <= fork.end;
+  });
 }
 
 QuiescenceCheck judge(const UnloadPlan& plan, std::span<const ThreadLook> threads,
@@ -251,10 +258,15 @@ Result<void> Freeze::look(const UnloadPlan& plan) {
     auto r = ptrace::get_regs(tid);
     if (!r) return std::move(r).error().with_context("read the registers of thread " + std::to_string(tid));
     const uint64_t pc = arch::pc(*r);
+    // The link register first: a leaf (glibc's _Fork, the clone call of
+    // fork()) keeps its return address there only.
+    std::vector<uint64_t> words{arch::link_register(*r)};
     const auto stack = stack_words(mem, arch::sp(*r));
+    words.insert(words.end(), stack.begin(), stack.end());
+    const uint64_t tag_mask = ptrace::code_address_tag_mask(tid);
     bool in_fork = false;
     for (const auto* range : {&plan.fork, &plan.atfork})
-      in_fork = in_fork || (pc >= range->start && pc < range->end) || holds_return_into(stack, *range);
+      in_fork = in_fork || (pc >= range->start && pc < range->end) || holds_return_into(words, *range, tag_mask);
     looks_.push_back({tid, pc, in_fork});
   }
   return ok();

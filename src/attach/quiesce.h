@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "arch/host.h"
 #include "base/deadline.h"
 #include "base/result.h"
+#include "procfs/procfs.h"
 #include "ptrace/ptrace.h"
 
 namespace remora::attach::detail {
@@ -59,9 +61,11 @@ struct ThreadLook {
 // application's blocked on a lock (a few hundred bytes each).
 inline constexpr size_t kForkScanBytes = 4096;
 
-// Whether `stack` (words read from a stopped thread's stack pointer up)
-// holds a return address into `fork`: a word in (start, end].
-bool holds_return_into(std::span<const uint64_t> stack, const UnloadPlan::Range& fork);
+// Whether `words` (read from a stopped thread's stack pointer up, and its
+// link register where the architecture has one) hold a return address into
+// `fork`: a word in (start, end] once the bits of `tag_mask` are cleared (a
+// return address signed by pointer authentication carries its code there).
+bool holds_return_into(std::span<const uint64_t> words, const UnloadPlan::Range& fork, uint64_t tag_mask = 0);
 
 // The verdict of one look.
 struct QuiescenceCheck {
@@ -105,6 +109,9 @@ class Freeze {
     int sig = 0;  // the signal to deliver at the release
     bool reissue = false;
     ptrace::Regs resume{};
+    // The system call /proc reported before the stop, where the stop
+    // forgets it (arch::host::kStopForgetsSyscall: aarch64's first argument).
+    std::optional<procfs::SyscallState> entry;
   };
   explicit Freeze(pid_t pid) : pid_(pid) {}
   Result<std::string> seize_all(pid_t spared);

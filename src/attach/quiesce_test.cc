@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "arch/arch.h"
+
 namespace remora::attach::detail {
 namespace {
 
@@ -144,6 +146,43 @@ TEST(ForkScan, ReturnAddressesIntoForkAreFound) {
       {"deep in the window", {1, 2, 3, 4, 5, 6, 7, 0x13a0}, true},
   };
   for (const auto& r : rows) EXPECT_EQ(holds_return_into(r.stack, fork), r.found) << r.what;
+}
+
+// A return address signed by pointer authentication (aarch64 code built with
+// branch protection) carries its code in the bits above the virtual address
+// (NT_ARM_PAC_MASK's insn_mask, 48-bit addresses here): found once they
+// are cleared, and only then. On x86_64 the mask is 0, and nothing changes.
+TEST(ForkScan, SignedReturnAddressesAreFoundOnceTheirCodeIsCleared) {
+  const UnloadPlan::Range fork{0xffff80001000, 0xffff80001400};
+  const uint64_t mask = 0xff7f000000000000;  // bits 48..63, but bit 55 (which selects the address space half)
+  struct Row {
+    const char* what;
+    uint64_t word, mask;
+    bool found;
+  };
+  const Row rows[] = {
+      {"plain", 0xffff80001100, 0, true},
+      {"signed, no mask known", 0x002fffff80001100 | 0xffff80001100, 0, false},
+      {"signed, mask applied", 0x3a2b000000000000 | 0xffff80001100, mask, true},
+      {"signed entry is no return address", 0x3a2b000000000000 | 0xffff80001000, mask, false},
+      {"signed, outside once cleared", 0x3a2b000000000000 | 0xffff80002000, mask, false},
+  };
+  for (const auto& r : rows) {
+    const std::vector<uint64_t> words{r.word};
+    EXPECT_EQ(holds_return_into(words, fork, r.mask), r.found) << r.what;
+  }
+}
+
+// The link register is looked at as a stack word is: glibc's _Fork is a leaf
+// on aarch64, and a thread stopped in its clone call has fork() in x30 only.
+TEST(ForkScan, TheLinkRegisterIsAReturnAddress) {
+  arch::HostRegs r{};
+#if defined(__aarch64__)
+  r.x[30] = 0x1234;
+  EXPECT_EQ(arch::link_register(r), 0x1234u);
+#else
+  EXPECT_EQ(arch::link_register(r), 0u) << "x86_64 pushes every return address: no link register";
+#endif
 }
 
 }  // namespace

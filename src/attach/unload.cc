@@ -48,6 +48,10 @@ class Backoff {
 // One look waits a second at most for the threads to stop: a thread that
 // does not (in uninterruptible sleep, a vfork's parent) is looked at again
 // later, within the operation's deadline.
+// How much longer remora_agent_unload_forks may run past its second: it
+// takes two glibc locks and a few microseconds natively.
+constexpr std::chrono::milliseconds kUnloadForksGrace{10000};
+
 Deadline look_deadline(const Deadline& deadline) {
   return Deadline::after(std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1)));
 }
@@ -82,13 +86,15 @@ Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbo
           // A stopped thread may hold the exit functions' lock, which
           // __cxa_finalize takes first: the call then waits, holding
           // nothing, is taken back and tried again. (The fork handlers'
-          // lock, which it takes second, no stopped thread holds: none is
-          // inside fork() or __register_atfork.)
+          // lock, which it takes second with the first held, no stopped
+          // thread holds: none is inside fork() or __register_atfork.) A
+          // call still running at its second is never taken back, since it
+          // may hold either: it runs on (a slow machine, an emulated one).
           const auto budget =
               std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1));
-          auto rc = t.call(
-              RemoteAddr(agent.unload_forks_fn), {},
-              CallOptions{info.listener_tid, std::chrono::duration_cast<std::chrono::milliseconds>(budget)});
+          CallOptions opts{info.listener_tid, std::chrono::duration_cast<std::chrono::milliseconds>(budget)};
+          opts.running_grace = kUnloadForksGrace;
+          auto rc = t.call(RemoteAddr(agent.unload_forks_fn), {}, opts);
           if (rc && static_cast<int32_t>(rc->value) == REMORA_AGENT_OK) return ok();
           if (rc)
             return Error(errc_for_agent(static_cast<int32_t>(rc->value)),

@@ -272,6 +272,24 @@ Result<long> seccomp_get_filter(pid_t tid, unsigned long index, void* out) {
   return request(PTRACE_SECCOMP_GET_FILTER, tid, reinterpret_cast<void*>(index), out);
 }
 
+uint64_t code_address_tag_mask(pid_t tid) {
+#if defined(__aarch64__)
+#ifndef NT_ARM_PAC_MASK
+#define NT_ARM_PAC_MASK 0x406
+#endif
+  struct {
+    uint64_t data_mask, insn_mask;
+  } masks{};
+  iovec iov{&masks, sizeof masks};
+  if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{NT_ARM_PAC_MASK}), &iov) != 0)
+    return 0;  // no pointer authentication
+  return masks.insn_mask;
+#else
+  (void)tid;
+  return 0;
+#endif
+}
+
 Result<uint64_t> get_sigmask(pid_t tid) {
   uint64_t mask = 0;
   REMORA_TRY(request(PTRACE_GETSIGMASK, tid, reinterpret_cast<void*>(sizeof mask), &mask));

@@ -60,6 +60,11 @@ Result<void> set_xstate(pid_t tid, std::span<const std::byte> xstate);
 // the last filter, EINVAL for a thread not in filter mode, EACCES without
 // CAP_SYS_ADMIN. See ptrace/seccomp_filter.h.
 Result<long> seccomp_get_filter(pid_t tid, unsigned long index, void* out);
+// The bits of a code address that hold a pointer-authentication code
+// (aarch64's NT_ARM_PAC_MASK, insn_mask): a return address saved by code
+// built with branch protection carries them. 0 where there are none (x86_64,
+// a CPU or kernel without pointer authentication).
+uint64_t code_address_tag_mask(pid_t tid);
 Result<uint64_t> get_sigmask(pid_t tid);
 Result<void> set_sigmask(pid_t tid, uint64_t mask);
 Result<siginfo_t> get_siginfo(pid_t tid);

@@ -344,7 +344,10 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
       else
         on_stack.push_back({i, args[i].bytes});
     }
-    return impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout, on_stack);
+    impl_->running_grace = opts.running_grace;
+    auto r = impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout, on_stack);
+    impl_->running_grace = {};
+    return r;
   }
   // Larger ones go into the scratch data area; it must exist first.
   REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
@@ -363,7 +366,9 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
     cursor += (args[i].bytes.size() + 15) & ~uint64_t{15};
   }
   impl_->data_args_end = cursor;
+  impl_->running_grace = opts.running_grace;
   auto r = impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout);
+  impl_->running_grace = {};
   impl_->data_args_end = 0;
   return r;
 }

@@ -78,6 +78,12 @@ struct CallOptions {
   pid_t tid = 0;
   // Deadline for the whole call, seize to release.
   std::chrono::milliseconds timeout{5000};
+  // At the deadline a function call is taken back wherever it is: inside a
+  // lock it took, that lock would stay taken for good. With a grace, a call
+  // found running (not waiting in a system call) at the deadline runs up to
+  // this much longer; one waiting (on a lock held by a stopped thread,
+  // holding none itself, as the caller knows) is taken back at once.
+  std::chrono::milliseconds running_grace{0};
 };
 
 // What a call observed, beyond its return value.

@@ -558,7 +558,7 @@ Result<uint64_t> Transaction::run_until(long nr, uint64_t ip_after, bool want_en
   for (;;) {
     REMORA_TRY(ptrace::cont_syscall(tid_, 0));
     auto s = wait(deadline_);
-    if (!s && s.error().code() == Errc::kTimedOut) return take_back();
+    if (!s && s.error().code() == Errc::kTimedOut) return take_back(false);
     auto stop = REMORA_TRY(std::move(s));
     if (is_exit(stop)) return gone(stop);
     if (stop.kind == ptrace::Stop::Kind::kSyscall) {
@@ -592,10 +592,15 @@ void Transaction::hold(int sig) {
 // `modified_` when the thread stands fully restored.
 Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
   const uint64_t stub_lo = *im_.scratch, stub_hi = *im_.scratch + a::Stub::kSize;
+  Deadline until = deadline_;
   for (;;) {
     REMORA_TRY(ptrace::cont(tid_, 0));
-    auto s = wait(deadline_);
-    if (!s && s.error().code() == Errc::kTimedOut) return take_back();
+    auto s = wait(until);
+    if (!s && s.error().code() == Errc::kTimedOut) {
+      if (!REMORA_TRY(runs_on_at_deadline())) return take_back(true);
+      until = Deadline::after(im_.running_grace);
+      continue;
+    }
     auto stop = REMORA_TRY(std::move(s));
     if (is_exit(stop)) return gone(stop);
     if (stop.kind != ptrace::Stop::Kind::kSignalDelivery) continue;  // group stop, interrupt: go on
@@ -636,14 +641,36 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
   }
 }
 
-// The function did not return in time: take the thread back wherever it is,
-// and abandon the call.
-Error Transaction::take_back() {
-  if (auto r = ptrace::interrupt(tid_); !r) return std::move(r).error();
+// The function did not return by the deadline: the thread is stopped where
+// it is. True when it is to run on (CallOptions::running_grace, once):
+// stopped by our interrupt alone, and not waiting in a system call (a
+// function that runs may hold a lock it took; one that waits on a lock the
+// caller knows of holds none).
+Result<bool> Transaction::runs_on_at_deadline() {
+  REMORA_TRY(ptrace::interrupt(tid_));
   auto s = wait(Deadline::after(std::chrono::seconds(2)));
   if (!s) return std::move(s).error();
   if (is_exit(*s)) return gone(*s);
   if (s->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s->sig)) pending_stop_ = s->sig;
+  if (graced_ || im_.running_grace.count() <= 0 || s->kind != ptrace::Stop::Kind::kInterrupt) return false;
+  auto r = REMORA_TRY(ptrace::get_regs(tid_));
+  if (a::syscall_nr(r) >= 0) return false;  // waiting in a system call
+  graced_ = true;
+  REMORA_LOG(kRemote, "%s: the call still runs at its deadline; it runs %lld ms longer", who_.c_str(),
+             static_cast<long long>(im_.running_grace.count()));
+  return true;
+}
+
+// The function did not return in time: take the thread back wherever it is
+// (`stopped`: it is stopped already), and abandon the call.
+Error Transaction::take_back(bool stopped) {
+  if (!stopped) {
+    if (auto r = ptrace::interrupt(tid_); !r) return std::move(r).error();
+    auto s = wait(Deadline::after(std::chrono::seconds(2)));
+    if (!s) return std::move(s).error();
+    if (is_exit(*s)) return gone(*s);
+    if (s->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s->sig)) pending_stop_ = s->sig;
+  }
   return Error(Errc::kTimedOut,
                "the remote call did not return within the deadline; the thread was taken back "
                "and restored (anything the function had done so far stays done)");

@@ -83,7 +83,8 @@ class Transaction {
   Result<uint64_t> run_until(long nr, uint64_t ip_after, bool want_entry);
   Result<uint64_t> run_marked(uint64_t stub_end);
   void hold(int sig);
-  Error take_back();
+  Result<bool> runs_on_at_deadline();
+  Error take_back(bool stopped);
   Error gone(const ptrace::Stop& s);
   Error fault_error(const siginfo_t& si) const;
 
@@ -101,6 +102,7 @@ class Transaction {
   std::vector<int> held_signals_;
   int detach_signal_ = 0;  // a signal that waited for the call's end, delivered on detach
   int stops_ = 0;
+  bool graced_ = false;  // the call ran on past the deadline (CallOptions::running_grace)
   Saved saved_;
   // The system call /proc reported before the stop, where the stop forgets
   // it (arch::host::kStopForgetsSyscall).
