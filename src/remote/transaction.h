@@ -84,6 +84,7 @@ class Transaction {
   Result<uint64_t> run_marked(uint64_t stub_end);
   void hold(int sig);
   Error take_back();
+  Error let_go();
   Error gone(const ptrace::Stop& s);
   Error fault_error(const siginfo_t& si) const;
 
@@ -92,7 +93,7 @@ class Transaction {
 
   Target::Impl& im_;
   const pid_t tid_;
-  const Deadline deadline_;
+  Deadline deadline_;  // extended by the time the seize waited for another controller
   const std::string who_;
   bool attached_ = false;
   bool modified_ = false;      // registers/mask changed: restore before release
@@ -116,6 +117,7 @@ class Transaction {
   uint64_t result_slot_ = 0;            // where the marked stub writes result and cookie
   bool busy_marked_ = false;            // our scratch's header says this call is in flight
   bool setup_call_ = false;             // the call in flight is a new scratch's setup routine
+  bool can_let_go_ = false;             // a timeout lets the function finish by itself (let_go)
   bool next_call_ = false;              // ... which goes on to the prepared call (prepare_next)
   std::optional<Error> prepare_error_;  // the prepare that failed: the setup ran alone
   arch::host::FramePlan frame_;
