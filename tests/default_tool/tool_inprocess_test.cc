@@ -42,6 +42,7 @@ struct ToolHandle {
   remora_tool_configure_attach_result_t* conf_attach = nullptr;
   DebugSlotsFn debug_slots = nullptr;
   int (*debug_signal)() = nullptr;
+  int (*debug_thread_blocks)() = nullptr;
   const char* last_output = nullptr;
   uint64_t session = 0;
 };
@@ -67,8 +68,11 @@ ToolHandle& tool() {
     h.conf_attach = configure_attach(REMORA_TOOL_ABI_VERSION, &info);
     h.debug_slots = reinterpret_cast<DebugSlotsFn>(dlsym(h.handle, "remora_default_tool_debug_slots"));
     h.debug_signal = reinterpret_cast<int (*)()>(dlsym(h.handle, "remora_default_tool_debug_signal"));
+    h.debug_thread_blocks = reinterpret_cast<int (*)()>(dlsym(h.handle, "remora_default_tool_debug_thread_blocks"));
     h.last_output = static_cast<const char*>(dlsym(h.handle, "remora_default_tool_last_output"));
-    if (!h.conf || !h.conf_attach || !h.debug_slots || !h.debug_signal || !h.last_output) abort();
+    if (!h.conf || !h.conf_attach || !h.debug_slots || !h.debug_signal || !h.debug_thread_blocks ||
+        !h.last_output)
+      abort();
     if (h.conf->tool_init && h.conf->tool_init(h.conf->tool_data) != 0) abort();
     return h;
   }();
@@ -392,6 +396,45 @@ TEST_F(DefaultToolTest, HundredCyclesKeepTheWorkloadCorrect) {
   EXPECT_EQ(std::unique(dirs.begin(), dirs.end()), dirs.end()) << "every session has its own directory";
   for (const auto& d : shown) EXPECT_TRUE(fs::exists(fs::path(d) / "trace.json")) << d;
   EXPECT_EQ(check_outputs(shown.back(), ""), "");
+}
+
+// Each session sees threads of its own (fresh tids: the agent's listener of
+// each attach, a pool's new workers), which hash to other slots than the last
+// session's: their blocks (397 KB each) are taken from the idle slots, not
+// mapped anew, so a process attached again and again does not grow.
+TEST_F(DefaultToolTest, SessionsOfFreshThreadsReuseTheirBlocks) {
+  int after_first = -1;
+  for (int cycle = 0; cycle < 30; ++cycle) {
+    ASSERT_EQ(attach({{"REMORA_OUTPUT_PATH", out_}, {"REMORA_SAMPLE_HZ", "199"}}), 0) << cycle;
+    // Four fresh threads, each claiming its slot with a traced call, alive
+    // together so that the session needs four blocks at once.
+    std::atomic<int> claimed{0};
+    std::atomic<bool> done{false};
+    std::vector<std::thread> fresh;
+    for (int i = 0; i < 4; ++i)
+      fresh.emplace_back([&] {
+        int fds[2];
+        if (pipe(fds) == 0) {  // a traced call (write) claims the thread's slot
+          const char b = 1;
+          if (write(fds[1], &b, 1) != 1) std::abort();
+          close(fds[0]);
+          close(fds[1]);
+        }
+        claimed.fetch_add(1);
+        while (!done.load()) sleep_ms(1);
+      });
+    for (int waited = 0; claimed.load() < 4 && waited < 10000; ++waited) sleep_ms(1);
+    done.store(true);
+    for (auto& t : fresh) t.join();
+    ASSERT_EQ(detach(), 0) << cycle;
+    if (cycle == 0) after_first = tool().debug_thread_blocks();
+  }
+  const int now = tool().debug_thread_blocks();
+  std::printf("[slots] thread blocks: %d after the first session, %d after 30\n", after_first, now);
+  // Each session may need a few more than the first (the collector's
+  // scan, a sampled thread the first one never saw), never one per thread
+  // and session (120 fresh threads here).
+  EXPECT_LE(now, after_first + 8);
 }
 
 // ---- hostile stacks: what a JIT, a sandbox or a runtime does to a thread ----

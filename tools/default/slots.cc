@@ -57,6 +57,31 @@ void reset_mem(SlotMem* m) {
   for (auto& c : m->calls) c.seq.store(0, std::memory_order_relaxed);
 }
 
+// A free slot's memory, taken for another slot: the threads of a new
+// session hash to other slots than the last one's (new tids: the agent's
+// listener, a pool's fresh threads), and mapping a block for each would grow
+// the process by one block per thread and session. The donor is reserved
+// while its memory is taken (a claimer skips it), and only one that no
+// producer is inside (`busy`: a thread still in a wrapper of an earlier
+// session writes to its slot's memory) gives it up.
+constexpr int32_t kDonorReserved = -1;
+SlotMem* adopt_idle_mem(uint32_t except) {
+  for (uint32_t i = 0; i < kMaxThreads; ++i) {
+    Slot& d = g_slots[i];
+    if (i == except || d.mem == nullptr || d.tid.load(std::memory_order_relaxed) != 0) continue;
+    int32_t expected = 0;
+    if (!d.tid.compare_exchange_strong(expected, kDonorReserved, std::memory_order_acq_rel)) continue;
+    SlotMem* m = nullptr;
+    if (d.busy.load(std::memory_order_seq_cst) == 0) {
+      m = d.mem;
+      d.mem = nullptr;
+    }
+    d.tid.store(0, std::memory_order_release);
+    if (m != nullptr) return m;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 uint64_t now_ns() {
@@ -91,6 +116,7 @@ int claim_slot(int32_t tid, uint32_t gen) {
       }
       // Ours: make sure it has memory (kept from an earlier session, or mapped
       // now; mmap is a plain system call, safe here).
+      if (s.mem == nullptr) s.mem = adopt_idle_mem(i);
       if (s.mem == nullptr) {
         void* p = mmap(nullptr, sizeof(SlotMem), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) break;  // the slot stays claimed but never ready: no records for tid
@@ -165,6 +191,12 @@ void session_stop_and_quiesce() {
       nanosleep(&pause, nullptr);
     }
   }
+}
+
+int mapped_slot_blocks() {
+  int n = 0;
+  for (const auto& s : g_slots) n += s.mem != nullptr;
+  return n;
 }
 
 void release_slot_memory() {

@@ -123,6 +123,9 @@ void set_thread_ignored(bool ignored);
 // -safe (mmap on first use of a slot index). Returns its index, or -1 when the
 // table is full or the session is ending.
 int claim_slot(int32_t tid, uint32_t gen);
+// Slots with memory mapped: at most the threads one session had at once
+// (a slot without memory takes a free slot's, adopt_idle_mem).
+int mapped_slot_blocks();
 
 // The calling thread's slot marked busy, or nullptr when nothing should be
 // recorded (no session, a tool thread, no slot left). Pair with slot_leave.

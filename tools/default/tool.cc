@@ -959,6 +959,9 @@ REMORA_TOOL_EXPORT int remora_default_tool_debug_slots(void (*cb)(void* ctx, voi
   return static_cast<int>(slots.size());
 }
 
+// The per-thread blocks the tool has mapped (slots.h, mapped_slot_blocks).
+REMORA_TOOL_EXPORT int remora_default_tool_debug_thread_blocks(void) { return mapped_slot_blocks(); }
+
 // The sampling signal of the current or last session (0: none yet).
 REMORA_TOOL_EXPORT int remora_default_tool_debug_signal(void) {
   return g_tool ? g_tool->sampler.signal_number() : 0;
