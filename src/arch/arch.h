@@ -101,6 +101,9 @@ inline void set_return_address(HostRegs&, uint64_t) {}
 // The return address a leaf function keeps in a register (0: none here, a
 // call pushes it on the stack).
 inline uint64_t link_register(const HostRegs&) { return 0; }
+// The register set that says which bits of a code address hold a
+// pointer-authentication code (0: there is none on this architecture).
+inline constexpr unsigned kCodeTagMaskRegset = 0;
 
 #elif defined(__aarch64__)
 
@@ -156,6 +159,10 @@ inline void set_return_address(HostRegs& r, uint64_t return_to) { r.x[30] = retu
 // The return address a leaf function keeps in x30 and never stores: a thread
 // stopped in glibc's _Fork (a leaf, called by fork()) has fork() only there.
 inline uint64_t link_register(const HostRegs& r) { return r.x[30]; }
+// NT_ARM_PAC_MASK (struct user_pac_mask: data_mask, insn_mask): the bits of
+// an address that hold its pointer-authentication code; the kernel refuses
+// the set where the CPU has no pointer authentication.
+inline constexpr unsigned kCodeTagMaskRegset = 0x406;
 // No red zone; sp 16-byte aligned at every call.
 inline uint64_t call_sp(uint64_t sp) { return (sp - 256) & ~(aarch64::kStackAlign - 1); }
 // Whether the return address is passed in a register (set_return_address)

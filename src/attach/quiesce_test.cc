@@ -177,12 +177,11 @@ TEST(ForkScan, SignedReturnAddressesAreFoundOnceTheirCodeIsCleared) {
 // on aarch64, and a thread stopped in its clone call has fork() in x30 only.
 TEST(ForkScan, TheLinkRegisterIsAReturnAddress) {
   arch::HostRegs r{};
-#if defined(__aarch64__)
-  r.x[30] = 0x1234;
-  EXPECT_EQ(arch::link_register(r), 0x1234u);
-#else
-  EXPECT_EQ(arch::link_register(r), 0u) << "x86_64 pushes every return address: no link register";
-#endif
+  arch::set_return_address(r, 0x1234);
+  if (arch::kReturnAddressInRegister)
+    EXPECT_EQ(arch::link_register(r), 0x1234u);
+  else
+    EXPECT_EQ(arch::link_register(r), 0u) << "a call pushes every return address here: no link register";
 }
 
 }  // namespace

@@ -325,21 +325,18 @@ Result<long> seccomp_get_filter(pid_t tid, unsigned long index, void* out) {
 }
 
 uint64_t code_address_tag_mask(pid_t tid) {
-#if defined(__aarch64__)
-#ifndef NT_ARM_PAC_MASK
-#define NT_ARM_PAC_MASK 0x406
-#endif
-  struct {
-    uint64_t data_mask, insn_mask;
-  } masks{};
-  iovec iov{&masks, sizeof masks};
-  if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{NT_ARM_PAC_MASK}), &iov) != 0)
-    return 0;  // no pointer authentication
-  return masks.insn_mask;
-#else
-  (void)tid;
-  return 0;
-#endif
+  if constexpr (arch::kCodeTagMaskRegset == 0) {
+    (void)tid;
+    return 0;
+  } else {
+    struct {
+      uint64_t data_mask, insn_mask;
+    } masks{};
+    iovec iov{&masks, sizeof masks};
+    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::kCodeTagMaskRegset}), &iov) != 0)
+      return 0;  // no pointer authentication
+    return masks.insn_mask;
+  }
 }
 
 Result<uint64_t> get_sigmask(pid_t tid) {
