@@ -56,7 +56,7 @@ class CpuHog {
     if (pid_ == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       volatile unsigned long n = 0;
-      for (;;) n += 1;
+      for (;;) n = n + 1;
     }
   }
   ~CpuHog() {
