@@ -305,6 +305,12 @@ Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbo
     on_listener.wait_for_thread = timeout;
     auto rc = call_on_listener(t, agent.unload_fn, {}, on_listener);
     // A listener gone meanwhile left for another controller's unload.
+    if (!rc && rc.error().code() == Errc::kTimedOut)
+      return Error(Errc::kTimedOut, rc.error().to_string() +
+                                        ": the tools' detach and finalisation go on in the process; run remora "
+                                        "detach --unload -p " +
+                                        std::to_string(pid) + " again to finish the unload once they are done")
+          .with_context("unload the tools");
     if (!rc && rc.error().code() != Errc::kNoSuchProcess)
       return std::move(rc).error().with_context("unload the tools");
     const int code = rc ? static_cast<int32_t>(rc->value) : REMORA_AGENT_ERR_UNLOADING;
