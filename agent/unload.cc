@@ -150,16 +150,13 @@ bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const 
     const bool complete =
         q == nullptr || q->size >= offsetof(remora_tool_quiesce_t, pinned) + sizeof(q->pinned);
     tools[i].fork_key = nullptr;
-    if (q != nullptr && complete && q->pinned != nullptr &&
-        __atomic_load_n(q->pinned, __ATOMIC_ACQUIRE) != 0) {
-      // Stays mapped (RTLD_NODELETE): not in the proof, and its fork
-      // handlers stay registered, once, as its code stays (a re-attach finds
-      // the same instance, which registers them only once).
-      append_kept(tools[i].path);
-      continue;
-    }
     if (q != nullptr && q->size >= offsetof(remora_tool_quiesce_t, fork_key) + sizeof q->fork_key)
       tools[i].fork_key = q->fork_key;
+    if (q != nullptr && complete && q->pinned != nullptr &&
+        __atomic_load_n(q->pinned, __ATOMIC_ACQUIRE) != 0) {
+      append_kept(tools[i].path);  // stays mapped (RTLD_NODELETE): not in the proof
+      continue;
+    }
     // glibc's dlopen handle is the object's link_map (no dlinfo: it is
     // GLIBC_2.34, above the agent's minimum).
     if (!add_object(static_cast<const link_map*>(tools[i].handle))) {

@@ -137,9 +137,7 @@ typedef struct remora_tool_quiesce {
    * agent unregisters them (__cxa_finalize(fork_key)) while the controller
    * holds every other thread stopped and none inside fork(): glibc 2.36
    * indexes past the end of its list of handlers when it shrinks under a
-   * fork, as a dlclose's unregistration of pthread_atfork handlers would.
-   * A tool pinned at the unload keeps them registered, as its code stays:
-   * register them once per instance. */
+   * fork, as a dlclose's unregistration of pthread_atfork handlers would. */
   void* fork_key;
 } remora_tool_quiesce_t;
 typedef void (*remora_tool_release_fn)(void);

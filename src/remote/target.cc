@@ -526,15 +526,8 @@ Result<pid_t> Target::Impl::pick_thread() {
   };
   // The last thread that served well is used again without reading /proc:
   // if it has exited meanwhile, the seize fails and the choice is made anew.
-  if (preferred_tid != 0 && preferred_tid != refused_stack_tid) return preferred_tid;
+  if (preferred_tid != 0) return preferred_tid;
   auto tasks = REMORA_TRY(procfs::list_tasks(pid));
-  // A thread whose stack just refused the scratch's setup frame (see run)
-  // is no choice for it.
-  std::erase(tasks, refused_stack_tid);
-  if (tasks.empty())
-    return Error(Errc::kNotSupported,
-                 "the process's only thread stands where no call frame fits (right above a mapping without "
-                 "write permission, such as a stack guard), and no other thread can make Remora's scratch");
   // One thread is no choice: it is taken without reading its state, when
   // its seccomp mode is known already (the status Target::open read).
   // Exiting, it fails the seize; in strict mode, the seize's check refuses it.
@@ -723,11 +716,7 @@ Result<CallReport> Target::Impl::run(pid_t tid, bool is_syscall, uint64_t fn_or_
     // The thread asked for stands where no frame fits (its stack right
     // above a guard): the scratch is made on another thread, and the
     // call then runs on the scratch's own stack.
-    if (!made && stack_refused && tid != 0) {
-      refused_stack_tid = tid;
-      made = ensure_scratch(0, timeout);
-      refused_stack_tid = 0;
-    }
+    if (!made && stack_refused && tid != 0) made = ensure_scratch(0, timeout);
     REMORA_TRY(std::move(made));
   }
   if (tid == 0) {

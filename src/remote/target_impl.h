@@ -73,7 +73,6 @@ struct Target::Impl {
   std::optional<uint64_t> retired;  // our own mapping's start, replaced by adopted stubs, not yet removed
   std::optional<Gadgets> gadgets;
   pid_t preferred_tid = 0;  // the last thread that worked well
-  pid_t refused_stack_tid = 0;  // while the scratch is made elsewhere: the thread whose stack refused it
   // CallOptions::running_grace of the call in progress (under `mu`).
   std::chrono::milliseconds running_grace{0};
   // Run system calls through libc's gadgets even when the scratch exists:
