@@ -105,8 +105,8 @@ struct UnloadTool {
 // controller's proof; false (with `why`) when it cannot say what the
 // unload would unmap: the agent then stays.
 // `hooks_inside`: the agent's own count of controllers' threads in its hooks.
-bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
-                 char* why, size_t why_size);
+bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside, char* why,
+                 size_t why_size);
 // The agent's fork handlers, registered under a key of their own so that
 // an unload can take them out of glibc's list before its proof (glibc
 // offers no other way than __cxa_finalize of the key they were registered

@@ -129,8 +129,8 @@ void release_fork_handlers(const UnloadTool* tools, int count) {
   unregister_fork_handlers();
 }
 
-bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside,
-                 char* why, size_t why_size) {
+bool plan_unload(UnloadTool* tools, int count, const void* self_link_map, const long* hooks_inside, char* why,
+                 size_t why_size) {
   struct remora_agent_info& in = remora_agent_info;
   in.unload_code_count = 0;
   in.unload_counter_count = 0;

@@ -266,7 +266,8 @@ Result<void> Freeze::look(const UnloadPlan& plan) {
     const uint64_t tag_mask = ptrace::code_address_tag_mask(tid);
     bool in_fork = false;
     for (const auto* range : {&plan.fork, &plan.atfork})
-      in_fork = in_fork || (pc >= range->start && pc < range->end) || holds_return_into(words, *range, tag_mask);
+      in_fork =
+          in_fork || (pc >= range->start && pc < range->end) || holds_return_into(words, *range, tag_mask);
     looks_.push_back({tid, pc, in_fork});
   }
   return ok();

@@ -333,7 +333,8 @@ uint64_t code_address_tag_mask(pid_t tid) {
       uint64_t data_mask, insn_mask;
     } masks{};
     iovec iov{&masks, sizeof masks};
-    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::kCodeTagMaskRegset}), &iov) != 0)
+    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(uintptr_t{arch::kCodeTagMaskRegset}), &iov) !=
+        0)
       return 0;  // no pointer authentication
     return masks.insn_mask;
   }

@@ -68,7 +68,8 @@ ToolHandle& tool() {
     h.conf_attach = configure_attach(REMORA_TOOL_ABI_VERSION, &info);
     h.debug_slots = reinterpret_cast<DebugSlotsFn>(dlsym(h.handle, "remora_default_tool_debug_slots"));
     h.debug_signal = reinterpret_cast<int (*)()>(dlsym(h.handle, "remora_default_tool_debug_signal"));
-    h.debug_thread_blocks = reinterpret_cast<int (*)()>(dlsym(h.handle, "remora_default_tool_debug_thread_blocks"));
+    h.debug_thread_blocks =
+        reinterpret_cast<int (*)()>(dlsym(h.handle, "remora_default_tool_debug_thread_blocks"));
     h.last_output = static_cast<const char*>(dlsym(h.handle, "remora_default_tool_last_output"));
     if (!h.conf || !h.conf_attach || !h.debug_slots || !h.debug_signal || !h.debug_thread_blocks ||
         !h.last_output)
