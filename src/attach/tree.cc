@@ -258,7 +258,11 @@ bool Controller::agent_left(pid_t pid) {
   if (s->agent.info == 0 || !pidfd_alive(s->pidfd.get())) return false;
   uint64_t magic = 0;
   auto r = s->target->read(RemoteAddr(s->agent.info), std::as_writable_bytes(std::span(&magic, 1)));
-  return !r || magic != REMORA_AGENT_MAGIC;
+  if (r && magic == REMORA_AGENT_MAGIC) return false;
+  // The agent is gone. After an exec, the new program is followed anew; but
+  // in the same program, another controller's unload took it out: the
+  // session stays ours, and its detach says it ended.
+  return s->target->execed_since_open();
 }
 
 void Controller::forget(pid_t pid) {
