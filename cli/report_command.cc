@@ -73,12 +73,15 @@ void add_report_command(CLI::App& root, Dispatch& dispatch) {
          "(job.json: the ranks are merged again)")
       ->required();
   sub->add_option("-p,--pid", opts->pid,
-                  "The process as this machine sees it, while it lives (default: the pid in the records)");
+                  "Collect the session again from the live process first, PID as this machine sees it");
   sub->footer(
-      "Names the addresses (symbol tables, DWARF with inline frames and lines, separate debug\n"
-      "info by build ID or debuglink, REMORA_DEBUG_PATH, perf maps kept in DIR) and writes\n"
-      "summary.txt, trace.perfetto, profile.pb.gz, flamegraph.svg, folded.txt, stats.csv and\n"
-      "trace.json into DIR, replacing what was there.\n"
+      "Renders from DIR alone: the names recorded when the session ended (DIR/names.json,\n"
+      "with each object's build ID), the perf map and thread ids kept there. The same files\n"
+      "byte for byte later or on another machine, after the process and its binaries are\n"
+      "gone; better where a debug file for a build ID became available (REMORA_DEBUG_PATH,\n"
+      "/usr/lib/debug/.build-id), and summary.txt says so. Writes summary.txt,\n"
+      "trace.perfetto, profile.pb.gz, flamegraph.svg, folded.txt, stats.csv and trace.json\n"
+      "into DIR, replacing what was there.\n"
       "\n"
       "Example:\n"
       "  remora report remora-output/redis-server-4242-s1-20261201-101500\n"

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -9,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+
+#include <linux/openat2.h>
 
 #include "base/strings.h"
 #include "base/unique_fd.h"
@@ -581,6 +584,27 @@ Result<pid_t> tid_from_target_ns(pid_t pid, pid_t ns_tid) {
 Result<pid_t> tid_in_target_ns(pid_t pid, pid_t tid) {
   auto st = REMORA_TRY(read_status(pid, tid));
   return st.nspid.empty() ? tid : st.nspid.back();
+}
+
+Result<UniqueFd> open_in_root(pid_t pid, const std::string& path) {
+  std::string root = "/proc/" + std::to_string(pid) + "/root";
+  int rfd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (rfd < 0) return Error::from_errno("open " + root);
+  UniqueFd root_fd(rfd);
+  open_how how{};
+  how.flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+  long fd = ::syscall(SYS_openat2, root_fd.get(), path.c_str(), &how, sizeof how);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOSYS)
+      return Error(Errc::kNotSupported,
+                   "the kernel lacks openat2 (Linux 5.6+), needed to open " + path +
+                       " safely inside the target's root",
+                   err);
+    return Error::from_errno("open " + path + " inside the root of process " + std::to_string(pid), err);
+  }
+  return UniqueFd(static_cast<int>(fd));
 }
 
 }  // namespace remora::procfs

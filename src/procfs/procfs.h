@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "base/unique_fd.h"
 
 namespace remora::procfs {
 
@@ -109,6 +110,11 @@ Result<std::vector<AuxEntry>> read_auxv(pid_t pid);
 Result<SyscallState> read_syscall(pid_t pid, pid_t tid);
 // Thread ids from /proc/PID/task, sorted.
 Result<std::vector<pid_t>> list_tasks(pid_t pid);
+
+// Opens `path` (read-only) as process `pid` sees it: resolved inside its
+// root (/proc/PID/root, openat2 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so
+// no absolute or ".." symlink leads out of a container to a file of ours.
+Result<UniqueFd> open_in_root(pid_t pid, const std::string& path);
 // Children of every thread of PID (union of task/*/children), in order seen.
 Result<std::vector<pid_t>> list_children(pid_t pid);
 

@@ -8,8 +8,8 @@
 #include <iterator>
 #include <string>
 
+#include "procfs/procfs.h"
 #include "profile/symbolize.h"
-#include "remote/lookup.h"
 
 namespace remora::profile {
 namespace {
@@ -134,7 +134,7 @@ PerfMapFiles read_perf_maps(pid_t pid, int ns_pid, size_t max_bytes) {
   std::vector<std::string> names{"/tmp/perf-" + std::to_string(own) + ".map"};
   if (own != pid) names.push_back("/tmp/perf-" + std::to_string(pid) + ".map");
   for (const auto& name : names) {
-    auto fd = remote::open_in_root(pid, name);
+    auto fd = procfs::open_in_root(pid, name);
     if (!fd) {
       if (fd.error().sys_errno() != ENOENT)
         out.warnings.push_back("JIT code: " + fd.error().to_string() + "; its names are not used");

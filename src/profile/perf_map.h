@@ -62,7 +62,7 @@ class PerfMap {
 
 // The texts of a live target's perf maps (/tmp/perf-NSPID.map, and
 // /tmp/perf-PID.map when the pids differ), each opened inside the target's
-// root (remote::open_in_root: a symlink planted in a container's /tmp cannot
+// root (procfs::open_in_root: a symlink planted in a container's /tmp cannot
 // lead to a file of ours) without blocking (a FIFO there cannot hang us),
 // and used only when it is a regular file owned by the target's user or
 // root (another user could plant false names). A file over `max_bytes` is

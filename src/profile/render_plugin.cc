@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "profile/collect.h"
 #include "profile/merge.h"
 #include "profile/report.h"
 
@@ -14,9 +15,16 @@ REMORA_RENDER_EXPORT int remora_render_session_v1(const remora_render_request_v1
     if (err_len > 0) std::snprintf(err, err_len, "bad render request");
     return static_cast<int>(remora::Errc::kInvalidArgument);
   }
-  remora::profile::RenderOptions options;
-  options.pid = request->pid;
-  auto r = remora::profile::render_session(request->dir, options);
+  // A pid: the session just ended (or `remora report -p PID`), collected
+  // now from the live process. None: collected once, if it never was.
+  remora::profile::CollectOptions collect;
+  collect.pid = request->pid;
+  collect.again = request->pid != 0;
+  if (auto c = remora::profile::collect_session(request->dir, collect); !c) {
+    if (err_len > 0) std::snprintf(err, err_len, "%s", c.error().message().c_str());
+    return static_cast<int>(c.error().code());
+  }
+  auto r = remora::profile::render_session(request->dir);
   if (r) return 0;
   if (err_len > 0) std::snprintf(err, err_len, "%s", r.error().message().c_str());
   return static_cast<int>(r.error().code());

@@ -22,12 +22,13 @@ extern "C" {
 
 struct remora_render_request_v1 {
   uint32_t size;    // sizeof(struct remora_render_request_v1)
-  int32_t pid;      // the target as the caller sees it; 0: the pid in the records
+  int32_t pid;      // the live target as the caller sees it: collected again (profile/collect.h);
+                    // 0: collected only if it never was, with the pid in the records
   const char* dir;  // the session directory (holds profile.remora)
 };
 
-// Renders one session (profile::render_session). Returns 0, or the Errc of
-// the failure with its message in err (NUL-terminated, cut to err_len).
+// Collects (profile::collect_session) and renders one session (profile::render_session). Returns 0, or the
+// Errc of the failure with its message in err (NUL-terminated, cut to err_len).
 typedef int (*remora_render_session_fn)(const struct remora_render_request_v1* request, char* err,
                                         size_t err_len);
 

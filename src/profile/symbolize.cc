@@ -26,8 +26,8 @@
 #include "base/result.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
+#include "procfs/procfs.h"
 #include "profile/perf_map.h"
-#include "remote/lookup.h"
 
 namespace remora::profile {
 namespace {
@@ -422,7 +422,7 @@ struct Symbolizer::Impl {
   std::unordered_map<uint64_t, std::vector<Frame>> cache;
 
   Result<UniqueFd> open(Root root, const std::string& path) const {
-    if (root == Root::kTarget) return remote::open_in_root(src.pid, path);
+    if (root == Root::kTarget) return procfs::open_in_root(src.pid, path);
     return open_on_host(path);
   }
 
@@ -437,6 +437,8 @@ struct Symbolizer::Impl {
   int try_debug_file(Object& o, Root root, const std::string& path, const std::string& want_bid,
                      GElf_Word crc, char** found_name);
   Object* object_at(uint64_t addr);
+  const Object* object_at(uint64_t addr) const { return const_cast<Impl*>(this)->object_at(addr); }
+  bool load_debug_only(Object& o);
   void dwarf_frames(Object& o, uint64_t addr, std::vector<Frame>* out);
   void symtab_frame(Object& o, uint64_t addr, std::vector<Frame>* out);
   Frame base_frame(const Object& o, uint64_t addr) const;
@@ -537,12 +539,14 @@ void Symbolizer::Impl::load(Object& o) {
   }
   if (!opened) {
     o.problem = "cannot open it (" + opened.error().to_string() + ")";
+    load_debug_only(o);
     return;
   }
   UniqueFd fd = std::move(*opened);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     o.problem = "it is not a regular file";
+    load_debug_only(o);
     return;
   }
   o.opened_in = root;
@@ -552,6 +556,7 @@ void Symbolizer::Impl::load(Object& o) {
     o.problem = "the file there has build ID " + (o.build_id.empty() ? std::string("none") : o.build_id) +
                 " but the process loaded build ID " + o.want_build_id +
                 " (the file was replaced, by an upgrade or a rebuild, after the process started)";
+    load_debug_only(o);
     return;
   }
   uint64_t bias = o.bias;
@@ -592,6 +597,43 @@ void Symbolizer::Impl::load(Object& o) {
     return;
   }
   attach_userdata(o);
+}
+
+// The object's own file is gone or another build: its debug file, found by
+// the build ID the target loaded, stands in for it (a debug file keeps the
+// program headers, the symbol table and the DWARF, as eu-addr2line -e reads
+// it). Looked for where find_debug looks by build ID. False: none found, and
+// the object keeps its problem.
+bool Symbolizer::Impl::load_debug_only(Object& o) {
+  const std::string& want = o.want_build_id;
+  if (want.size() <= 2 || !o.bias_known) return false;
+  const std::string rel = "/.build-id/" + want.substr(0, 2) + "/" + want.substr(2) + ".debug";
+  std::vector<std::pair<Root, std::string>> candidates;
+  for (const auto& d : src.debug_dirs) candidates.emplace_back(Root::kHost, d + rel);
+  if (distinct_root) candidates.emplace_back(Root::kTarget, "/usr/lib/debug" + rel);
+  candidates.emplace_back(Root::kHost, "/usr/lib/debug" + rel);
+  for (const auto& [root, path] : candidates) {
+    auto opened = open(root, path);
+    struct stat st {};
+    if (!opened || ::fstat(opened->get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        file_build_id(opened->get()) != want)
+      continue;
+    dwfl_report_begin_add(dwfl);
+    int raw = opened->get();
+    o.mod = dwfl_report_elf(dwfl, o.path.c_str(), path.c_str(), raw, o.bias, true);
+    if (o.mod != nullptr) opened->release();
+    dwfl_report_end(dwfl, nullptr, nullptr);
+    if (o.mod == nullptr) continue;
+    o.problem.clear();
+    o.mismatch = false;
+    o.build_id = want;
+    o.opened_in = o.debug_root = root;
+    o.debug_found = true;
+    o.debug_path = path;
+    attach_userdata(o);
+    return true;
+  }
+  return false;
 }
 
 // The target's vDSO has no file; a process on this kernel maps the very same
@@ -905,9 +947,9 @@ std::vector<Frame> Symbolizer::frames_at(uint64_t pc, bool return_address) {
   return out;
 }
 
-std::vector<std::string> Symbolizer::warnings() const {
+std::vector<ObjectWarning> Symbolizer::object_warnings() const {
   const Impl& s = *impl_;
-  std::vector<std::string> out;
+  std::vector<ObjectWarning> out;
   const std::string fix =
       "install its debug symbols (Debian: the -dbgsym/-dbg package), or set REMORA_DEBUG_PATH to a directory "
       "holding .build-id/xx/rest.debug files";
@@ -921,90 +963,45 @@ std::vector<std::string> Symbolizer::warnings() const {
                                        "it loaded back at " +
                                            o->path + where
                                      : "make the file the process loaded readable at " + o->path + where;
-      out.push_back("symbols: " + name + ": " + o->problem + "; its " + std::to_string(o->frames) +
-                    " addresses read " + o->label + "+0x...; " + what);
+      out.push_back({o->path, "symbols: " + name + ": " + o->problem + "; its " + std::to_string(o->frames) +
+                                  " addresses read " + o->label + "+0x...; " + what});
     } else if (!o->has_dwarf && !o->vdso) {
       out.push_back(
-          "symbols: no debug info for " + o->path + " (build ID " +
-          (o->build_id.empty() ? std::string("none") : o->build_id) + "): its " + std::to_string(o->frames) +
-          " addresses are named from its symbol table only, without source lines and inline frames; " + fix);
+          {o->path,
+           "symbols: no debug info for " + o->path + " (build ID " +
+               (o->build_id.empty() ? std::string("none") : o->build_id) + "): its " +
+               std::to_string(o->frames) +
+               " addresses are named from its symbol table only, without source lines and inline frames; " +
+               fix});
     }
   }
   if (s.unknown_frames > 0) {
     std::string pid = std::to_string(s.src.ns_pid > 0 ? s.src.ns_pid : s.src.pid);
-    out.push_back("symbols: " + std::to_string(s.unknown_frames) +
-                  " addresses lie outside every loaded object" +
-                  (s.jit.empty() ? std::string(" and no perf map names them")
-                                 : std::string(" and the perf map does not name them")) +
-                  ": they read [unknown]; for JIT code have the runtime write /tmp/perf-" + pid +
-                  ".map (node --perf-basic-prof; a JVM: jcmd " + pid + " Compiler.perfmap) while it runs");
+    out.push_back(
+        {"", "symbols: " + std::to_string(s.unknown_frames) + " addresses lie outside every loaded object" +
+                 (s.jit.empty() ? std::string(" and no perf map names them")
+                                : std::string(" and the perf map does not name them")) +
+                 ": they read [unknown]; for JIT code have the runtime write /tmp/perf-" + pid +
+                 ".map (node --perf-basic-prof; a JVM: jcmd " + pid + " Compiler.perfmap) while it runs"});
   }
   return out;
 }
 
-std::vector<std::string> debug_dirs_from_env(const char* value) {
+std::vector<std::string> Symbolizer::warnings() const {
   std::vector<std::string> out;
-  if (value == nullptr) return out;
-  for (std::string_view d : split_fields(value, ":")) out.emplace_back(d);
+  for (auto& w : object_warnings()) out.push_back(std::move(w.text));
   return out;
 }
 
-namespace {
-
-struct FrameHash {
-  size_t operator()(const Frame& f) const {
-    size_t h = std::hash<uint64_t>{}(f.address);
-    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-    mix(std::hash<std::string>{}(f.function));
-    mix(std::hash<std::string>{}(f.file));
-    mix(f.line);
-    mix(static_cast<size_t>(f.inlined) | static_cast<size_t>(f.kind) << 1);
-    return h;
-  }
-};
-
-}  // namespace
-
-Profile symbolize(RawProfile raw, Symbolizer& sym) {
-  Profile p;
-  static_cast<RawProfile&>(p) = std::move(raw);
-  std::unordered_map<Frame, uint32_t, FrameHash> index;
-  // Per (pc, is a return address): the frames' indices, innermost first; an
-  // empty list for the tool's own frames.
-  std::unordered_map<uint64_t, std::vector<uint32_t>> seen[2];
-  auto intern = [&](const Frame& f) {
-    auto [it, added] = index.emplace(f, static_cast<uint32_t>(p.frames.size()));
-    if (added) p.frames.push_back(f);
-    return it->second;
-  };
-  std::optional<uint32_t> truncated;
-  p.stacks.reserve(p.raw_stacks.size());
-  for (size_t s = 0; s < p.raw_stacks.size(); ++s) {
-    const auto& pcs = p.raw_stacks[s];
-    std::vector<uint32_t> leaf_first;
-    for (size_t i = 0; i < pcs.size(); ++i) {
-      bool ra = i > 0;  // [0] is the interrupted PC, the rest return addresses
-      auto [it, added] = seen[ra].try_emplace(pcs[i]);
-      if (added && !sym.is_tool_frame(pcs[i]))
-        for (const Frame& f : sym.frames_at(pcs[i], ra)) it->second.push_back(intern(f));
-      leaf_first.insert(leaf_first.end(), it->second.begin(), it->second.end());
-    }
-    std::vector<uint32_t> stack;
-    stack.reserve(leaf_first.size() + 1);
-    if (s < p.truncated.size() && p.truncated[s]) {
-      if (!truncated) {
-        Frame t;
-        t.function = "[truncated]";
-        t.kind = FrameKind::kTruncated;
-        truncated = intern(t);
-      }
-      stack.push_back(*truncated);
-    }
-    stack.insert(stack.end(), leaf_first.rbegin(), leaf_first.rend());
-    p.stacks.push_back(std::move(stack));
-  }
-  for (auto& w : sym.warnings()) p.warnings.push_back(std::move(w));
-  return p;
+std::optional<ObjectNaming> Symbolizer::object_naming(uint64_t pc, bool return_address) const {
+  const uint64_t addr = return_address && pc > 0 ? pc - 1 : pc;
+  const Object* o = impl_->object_at(addr);
+  if (o == nullptr) return std::nullopt;
+  ObjectNaming n;
+  n.path = o->path;
+  n.build_id = o->build_id.empty() ? o->want_build_id : o->build_id;
+  n.level = o->mod == nullptr ? DebugLevel::kNone : o->has_dwarf ? DebugLevel::kDwarf : DebugLevel::kSymtab;
+  return n;
 }
 
 }  // namespace remora::profile

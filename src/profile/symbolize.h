@@ -4,7 +4,7 @@
 // and by .gnu_debuglink, and perf maps (/tmp/perf-PID.map) for JIT code.
 //
 // Files are opened as the target sees them: through the target's root
-// (remote::open_in_root, a container's /usr/lib is the container's) while it
+// (procfs::open_in_root, a container's /usr/lib is the container's) while it
 // lives, else at the same path on this machine; in both cases only when the
 // file's build ID is the one the target had loaded (Module::build_id). A
 // file that is missing or differs gives "libx.so+0x1f0" names and one
@@ -14,7 +14,10 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,11 +53,38 @@ struct SymbolSource {
   std::vector<std::string> debug_dirs;
 };
 
+// What names the addresses of a profile for symbolize(): a Symbolizer, which
+// reads the files, or the names a session recorded at its detach (names.h).
+class FrameNamer {
+ public:
+  virtual ~FrameNamer() = default;
+  virtual std::vector<Frame> frames_at(uint64_t pc, bool return_address) = 0;
+  virtual bool is_tool_frame(uint64_t pc) const = 0;
+  virtual std::vector<std::string> warnings() const = 0;
+};
+
+// How well an object's addresses could be named.
+enum class DebugLevel : uint8_t {
+  kNone,    // no usable file: "libx.so+0x1f0"
+  kSymtab,  // its symbol table only: functions, no source lines or inline frames
+  kDwarf,   // DWARF: source lines and inline frames
+};
+struct ObjectNaming {
+  std::string path;      // as the target's maps name it
+  std::string build_id;  // the loaded build's; "" unknown
+  DebugLevel level = DebugLevel::kNone;
+};
+// One of warnings()'s lines, with the object it is about ("" for none).
+struct ObjectWarning {
+  std::string object;
+  std::string text;
+};
+
 // Not thread-safe: one thread uses a Symbolizer at a time. Files are opened
 // on first need (the first PC in an object), and every answer is cached
 // per address. Nothing here fails as a whole: what cannot be named reads
 // "libx.so+0x1f0" or "[unknown]", and warnings() says why and what to do.
-class Symbolizer {
+class Symbolizer : public FrameNamer {
  public:
   explicit Symbolizer(SymbolSource source);
   ~Symbolizer();
@@ -70,12 +100,22 @@ class Symbolizer {
   // "libx.so+0xOFF" (kUnknown). A PC in no object: the perf maps' name
   // (kJit, module "[jit]"), else "[unknown]" (kUnknown). The vDSO is named
   // from this process's own when the build IDs agree (the same kernel).
-  std::vector<Frame> frames_at(uint64_t pc, bool return_address);
+  //
+  // An object whose file is gone, or replaced by another build, is named
+  // from its debug file when one with the loaded build ID is found (the
+  // debug directories, then /usr/lib/debug): it keeps the program headers,
+  // the symbol table and the DWARF.
+  std::vector<Frame> frames_at(uint64_t pc, bool return_address) override;
   // True when pc is in the default tool's own code (tool_path).
-  bool is_tool_frame(uint64_t pc) const;
+  bool is_tool_frame(uint64_t pc) const override;
   // One line per problem (a file missing or with another build ID, no
   // debug info found for a module that has frames): what it means and the fix.
-  std::vector<std::string> warnings() const;
+  std::vector<std::string> warnings() const override;
+  // The same lines, each with the object it is about.
+  std::vector<ObjectWarning> object_warnings() const;
+  // The object that holds pc, once frames_at has named it: its build and
+  // how well it was named. nullopt: pc lies in no object (JIT, unknown).
+  std::optional<ObjectNaming> object_naming(uint64_t pc, bool return_address) const;
 
  private:
   struct Impl;
@@ -95,8 +135,12 @@ std::vector<std::string> perf_map_candidates(pid_t pid, int ns_pid);
 
 // Symbolises every raw stack of `raw` into a Profile: frames deduplicated,
 // stacks root first, the tool's own frames left out, "[truncated]" at the
-// root of stacks the tool cut; the symboliser's warnings appended.
-Profile symbolize(RawProfile raw, Symbolizer& sym);
+// root of stacks the tool cut; the namer's warnings appended.
+Profile symbolize(RawProfile raw, FrameNamer& sym);
+
+// Calls fn(pc, is a return address) once for every distinct address of the
+// raw stacks, in the order symbolize() first meets them.
+void for_each_address(const RawProfile& raw, const std::function<void(uint64_t, bool)>& fn);
 
 }  // namespace remora::profile
 

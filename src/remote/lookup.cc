@@ -71,27 +71,6 @@ const procfs::MapEntry* header_mapping(const MappedLibrary& lib) {
 // openat2(RESOLVE_IN_ROOT) keeps every absolute or ".." symlink inside the
 // target's root: a container's /lib/libc.so.6 -> /opt/x/libc.so.6 resolves to
 // <root>/opt/x/libc.so.6, never to the controller's own /opt/x.
-Result<UniqueFd> open_in_root(pid_t pid, const std::string& path) {
-  std::string root = "/proc/" + std::to_string(pid) + "/root";
-  int rfd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (rfd < 0) return Error::from_errno("open " + root);
-  UniqueFd root_fd(rfd);
-  open_how how{};
-  how.flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  long fd = ::syscall(SYS_openat2, root_fd.get(), path.c_str(), &how, sizeof how);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOSYS)
-      return Error(Errc::kNotSupported,
-                   "the kernel lacks openat2 (Linux 5.6+), needed to open " + path +
-                       " safely inside the target's root",
-                   err);
-    return Error::from_errno("open " + path + " inside the root of process " + std::to_string(pid), err);
-  }
-  return UniqueFd(static_cast<int>(fd));
-}
-
 std::vector<MappedLibrary> all_libraries(const std::vector<procfs::MapEntry>& maps) {
   std::vector<MappedLibrary> libs;
   for (const auto& m : maps) {

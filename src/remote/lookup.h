@@ -65,10 +65,8 @@ struct LookupOptions {
   bool use_map_files = true;
 };
 
-// Opens `path` (read-only) as process `pid` sees it: resolved inside its
-// root (/proc/PID/root, openat2 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so
-// no absolute or ".." symlink leads out of a container to a file of ours.
-Result<UniqueFd> open_in_root(pid_t pid, const std::string& path);
+// Opens `path` (read-only) inside process `pid`'s root: procfs::open_in_root.
+using procfs::open_in_root;
 
 // Finds a library by name. See the header comment for the rules.
 Result<MappedLibrary> find_library(pid_t pid, const std::vector<procfs::MapEntry>& maps,

@@ -8,6 +8,7 @@ Layers, lowest first (a layer may include any lower layer, never a peer or a
 higher one):
     include/ (public headers; they include only each other)
     base <- procfs, elf <- arch <- ptrace <- remote <- control, attach, profile <- capi <- cli, compat
+profile uses base, procfs and elf only (NOT_BELOW): rendering never controls a process.
 agent/ and tools/ run inside the target: they may include include/, the
 header-only headers of base/ (those without a .cc of their own), the
 self-contained header-only ones of arch/ (no .cc, no Remora include), and
@@ -36,6 +37,12 @@ RANK = {
     "capi": 7,
     "cli": 8,
     "compat": 8,
+}
+# Layers that may not use some lower ones, and why.
+NOT_BELOW = {
+    "profile": ({"arch", "ptrace", "remote"},
+                "rendering reads only the session directory: the profile layer never controls a process "
+                "(what naming needs is collected at the detach, profile/collect.h)"),
 }
 IN_TARGET = ("agent", "tools")  # code loaded into target processes
 PROTOCOL_HEADERS = ("agent/protocol.h", "agent/channel_wire.h")
@@ -120,6 +127,8 @@ def rule_for(root, src, target, header_only):
         return "%s is in no layer of the map (tests/layering/check_includes.py)" % src
     if t == m:
         return None
+    if m in NOT_BELOW and t in NOT_BELOW[m][0]:
+        return "%s may not include %s: %s" % (m, t, NOT_BELOW[m][1])
     if RANK[t] < RANK[m]:
         return None
     kind = "a peer layer" if RANK[t] == RANK[m] else "a higher layer"
