@@ -34,7 +34,7 @@ BUILD_PACKAGES := build-essential cmake pkg-config libgtest-dev libgmock-dev lib
 # toolchain (`make test` installs both lists; `make demo` the first only).
 TEST_PACKAGES := python3-pytest util-linux mount musl-tools dwz libc6-dbg redis-server redis-tools nginx-light \
                  openjdk-17-jdk-headless qemu-system-arm gcc-aarch64-linux-gnu g++-aarch64-linux-gnu \
-                 libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev
+                 libc6-dev-arm64-cross libstdc++-12-dev-arm64-cross slurm-wlm munge mpich libmpich-dev podman runc
 # The soak's programs (make soak), apart from the lists above: make test and
 # make demo do without PostgreSQL.
 SOAK_PACKAGES := postgresql redis-server redis-tools nginx-light openjdk-17-jdk-headless nodejs python3

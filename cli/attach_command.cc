@@ -26,6 +26,7 @@
 #include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
+#include "cli/container.h"
 #include "cli/exit_codes.h"
 #include "cli/output_staging.h"
 #include "cli/session_args.h"
@@ -57,6 +58,7 @@ struct AttachCommandOptions {
   std::string channel = "auto";
   std::string slurm;  // --slurm JOBID[.STEP]
   long node_timeout_ms = 30000;
+  std::string container;  // --container NAME|ID
 };
 
 std::string tool_names(const std::vector<std::string>& paths) {
@@ -627,6 +629,10 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
   auto* slurm = add_slurm_option(sub, pid, opts->slurm,
                                  "Every rank of this running Slurm job (JOBID or JOBID.STEP), on every node, "
                                  "instead of -p: one merged profile");
+  auto* container = add_container_option(
+      sub, pid, slurm, opts->container,
+      "The main process of this running container (podman or docker: NAME or ID) and its tree, "
+      "instead of -p; the results land here, in ./remora-output");
   sub->add_option("--node-timeout", opts->node_timeout_ms,
                   "--slurm: give up a node that answers nothing for MSEC milliseconds")
       ->capture_default_str()
@@ -671,15 +677,22 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
       "  remora attach -p 4242 --keep          # later: remora detach -p 4242 --tree\n"
       "  remora attach -p 4242 -d 5000 --unload  # leave nothing behind\n"
       "  remora attach --slurm 1234 -d 10000    # every rank of Slurm job 1234, one merged profile\n"
+      "  remora attach --container web -d 5000  # a podman or docker container's processes\n"
       "\n" +
       exit_code_footer());
-  sub->callback([opts, tools, dur, pid, slurm, &dispatch] {
-    require_pid_or_slurm(pid, slurm);
+  sub->callback([opts, tools, dur, pid, slurm, container, &dispatch] {
+    require_target(pid, slurm, container);
     opts->follow = !opts->no_follow;
     opts->tools_given = tools->count() > 0;
     opts->duration_given = dur->count() > 0;
     if (slurm->count() > 0) {
       dispatch.run = [opts] { return slurm::run_front(slurm_options(*opts)); };
+      return;
+    }
+    if (container->count() > 0) {
+      dispatch.run = [opts] {
+        return run_in_container(opts->container, &opts->pid, [opts] { return run_attach(*opts); });
+      };
       return;
     }
     dispatch.run = [opts] { return run_attach(*opts); };

@@ -45,14 +45,22 @@ inline CLI::Option* add_channel_option(CLI::App* sub, std::string& channel) {
 
 // --slurm JOBID[.STEP]: the command for every rank of a running Slurm job,
 // on every node (slurm_front.h), instead of -p. -p is then optional; the
-// subcommand's callback calls require_pid_or_slurm.
+// subcommand's callback calls require_target.
 inline CLI::Option* add_slurm_option(CLI::App* sub, CLI::Option* pid, std::string& job,
                                      const std::string& help) {
   pid->required(false);
   return sub->add_option("--slurm", job, help)->excludes(pid);
 }
-inline void require_pid_or_slurm(const CLI::Option* pid, const CLI::Option* slurm) {
-  if (pid->count() == 0 && slurm->count() == 0) throw CLI::RequiredError("--pid (or --slurm JOBID)");
+// --container NAME|ID: the main process of a running container, found by
+// podman or docker (container.h), instead of -p; with its tree.
+inline CLI::Option* add_container_option(CLI::App* sub, CLI::Option* pid, CLI::Option* slurm,
+                                         std::string& container, const std::string& help) {
+  pid->required(false);
+  return sub->add_option("--container", container, help)->excludes(pid)->excludes(slurm);
+}
+inline void require_target(const CLI::Option* pid, const CLI::Option* slurm, const CLI::Option* container) {
+  if (pid->count() == 0 && slurm->count() == 0 && container->count() == 0)
+    throw CLI::RequiredError("--pid (or --slurm JOBID, or --container NAME)");
 }
 
 // CLI11 2.1 prints a positional by its name only, and names cannot hold

@@ -11,6 +11,7 @@
 #include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
+#include "cli/container.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
@@ -25,7 +26,8 @@ struct DetachCommandOptions {
   bool unload = false;
   long timeout_ms = 10000;
   std::string channel = "auto";
-  std::string slurm;  // --slurm JOBID[.STEP]
+  std::string slurm;      // --slurm JOBID[.STEP]
+  std::string container;  // --container NAME|ID
 };
 
 // What a process had attached, read before the detach (the agent forgets it).
@@ -124,6 +126,9 @@ void add_detach_command(CLI::App& root, Dispatch& dispatch) {
   auto* slurm = add_slurm_option(sub, pid, opts->slurm,
                                  "Detach every rank of this Slurm job (JOBID or JOBID.STEP) on every node, "
                                  "instead of -p (after attach --slurm --keep)");
+  auto* container = add_container_option(
+      sub, pid, slurm, opts->container,
+      "Detach from this running container's processes (podman or docker: NAME or ID), instead of -p");
   sub->add_flag("--tree", opts->tree, "Detach from every process of the tree under PID");
   sub->add_flag(
       "--unload", opts->unload,
@@ -138,8 +143,15 @@ void add_detach_command(CLI::App& root, Dispatch& dispatch) {
       "that cannot be unloaded is named in a warning and the rest is unloaded.\n"
       "\n" +
       exit_code_footer());
-  sub->callback([opts, pid, slurm, &dispatch] {
-    require_pid_or_slurm(pid, slurm);
+  sub->callback([opts, pid, slurm, container, &dispatch] {
+    require_target(pid, slurm, container);
+    if (container->count() > 0) {
+      opts->tree = true;  // the container's processes, as attach --container attached them
+      dispatch.run = [opts] {
+        return run_in_container(opts->container, &opts->pid, [opts] { return run_detach(*opts); });
+      };
+      return;
+    }
     if (slurm->count() == 0) {
       dispatch.run = [opts] { return run_detach(*opts); };
       return;

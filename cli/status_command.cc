@@ -11,6 +11,7 @@
 #include "cli/cli11.h"
 #include "cli/command.h"
 #include "cli/common_options.h"
+#include "cli/container.h"
 #include "cli/exit_codes.h"
 #include "cli/session_args.h"
 #include "cli/session_support.h"
@@ -24,7 +25,8 @@ struct StatusCommandOptions {
   pid_t pid = 0;
   bool tree = false;
   std::string channel = "auto";
-  std::string slurm;  // --slurm JOBID[.STEP]
+  std::string slurm;      // --slurm JOBID[.STEP]
+  std::string container;  // --container NAME|ID
 };
 
 // "4242 (remora)" while the holder lives; "expired" once it died and the
@@ -114,6 +116,9 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
   auto* slurm = add_slurm_option(
       sub, pid, opts->slurm,
       "The agent state of every rank of this Slurm job (JOBID or JOBID.STEP), on every node, instead of -p");
+  auto* container = add_container_option(
+      sub, pid, slurm, opts->container,
+      "The agent state of this running container's processes (podman or docker: NAME or ID), instead of -p");
   sub->add_flag("--tree", opts->tree, "One line for each process of the tree under PID");
   add_channel_option(sub, opts->channel);
   sub->footer(
@@ -126,8 +131,15 @@ void add_status_command(CLI::App& root, Dispatch& dispatch) {
       "cannot be read (not dumpable) is read through that socket.\n"
       "\n" +
       exit_code_footer());
-  sub->callback([opts, pid, slurm, &dispatch] {
-    require_pid_or_slurm(pid, slurm);
+  sub->callback([opts, pid, slurm, container, &dispatch] {
+    require_target(pid, slurm, container);
+    if (container->count() > 0) {
+      opts->tree = true;  // the container's processes, as attach --container attached them
+      dispatch.run = [opts] {
+        return run_in_container(opts->container, &opts->pid, [opts] { return run_status(*opts); });
+      };
+      return;
+    }
     if (slurm->count() == 0) {
       dispatch.run = [opts] { return run_status(*opts); };
       return;
