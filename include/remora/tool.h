@@ -137,7 +137,11 @@ typedef struct remora_tool_quiesce {
    * agent unregisters them (__cxa_finalize(fork_key)) while the controller
    * holds every other thread stopped and none inside fork(): glibc 2.36
    * indexes past the end of its list of handlers when it shrinks under a
-   * fork, as a dlclose's unregistration of pthread_atfork handlers would. */
+   * fork, as a dlclose's unregistration of pthread_atfork handlers would.
+   * It does so for a tool it then keeps (pinned) as well: such a tool must
+   * register them again at its next remora_configure. The default tool
+   * knows they are gone by an exit function registered under the same key
+   * (__cxa_atexit(fn, arg, fork_key)), which that __cxa_finalize runs. */
   void* fork_key;
 } remora_tool_quiesce_t;
 typedef void (*remora_tool_release_fn)(void);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +32,8 @@
 #include "workload.h"
 
 namespace fs = std::filesystem;
+
+extern "C" void __cxa_finalize(void* dso_handle);
 
 namespace {
 
@@ -403,6 +406,41 @@ TEST_F(DefaultToolTest, HundredCyclesKeepTheWorkloadCorrect) {
 // each attach, a pool's new workers), which hash to other slots than the last
 // session's: their blocks (397 KB each) are taken from the idle slots, not
 // mapped anew, so a process attached again and again does not grow.
+// The tool's fork handlers, as the agent's unload takes them out
+// (__cxa_finalize of remora_tool_quiesce's fork_key) and a tool the unload
+// had to keep (pinned) is configured again: registered again, and never
+// twice. Each fork() counts the prepare handler's runs.
+TEST_F(DefaultToolTest, ForkHandlersTakenOutAreRegisteredAgainOnce) {
+  ToolHandle& t = tool();
+  auto prepares = reinterpret_cast<long (*)()>(dlsym(t.handle, "remora_default_tool_debug_fork_prepares"));
+  auto configure = reinterpret_cast<remora_configure_fn>(dlsym(t.handle, "remora_configure"));
+  auto quiesce = static_cast<const remora_tool_quiesce_t*>(dlsym(t.handle, "remora_tool_quiesce"));
+  ASSERT_TRUE(prepares && configure && quiesce && quiesce->fork_key);
+  remora_tool_info_t info{};
+  info.size = sizeof info;
+  info.abi_version = REMORA_TOOL_ABI_VERSION;
+  info.tool_path = REMORA_TOOL_PATH;
+  info.pid = getpid();
+  // How many times one fork() runs the prepare handler.
+  auto runs_per_fork = [&] {
+    long before = prepares();
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    return prepares() - before;
+  };
+  EXPECT_EQ(runs_per_fork(), 1) << "registered by the first remora_configure";
+  ASSERT_EQ(configure(REMORA_TOOL_ABI_VERSION, &info), t.conf);
+  EXPECT_EQ(runs_per_fork(), 1) << "a second remora_configure registers nothing more";
+  __cxa_finalize(quiesce->fork_key);  // the agent's unload
+  EXPECT_EQ(runs_per_fork(), 0) << "taken out";
+  for (int again = 0; again < 3; ++again) {
+    ASSERT_EQ(configure(REMORA_TOOL_ABI_VERSION, &info), t.conf);  // the kept tool attached again
+    EXPECT_EQ(runs_per_fork(), 1) << "registered again, once (round " << again << ")";
+  }
+}
+
 TEST_F(DefaultToolTest, SessionsOfFreshThreadsReuseTheirBlocks) {
   int after_first = -1;
   for (int cycle = 0; cycle < 30; ++cycle) {

@@ -63,6 +63,7 @@ __attribute__((visibility("default"))) char remora_default_tool_last_output[4096
 extern "C" int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void),
                                  void* dso_handle);
 extern "C" void __cxa_finalize(void* dso_handle);
+extern "C" int __cxa_atexit(void (*fn)(void*), void* arg, void* dso_handle);
 
 namespace remora_tool {
 namespace {
@@ -126,6 +127,16 @@ pthread_mutex_t g_fork_mu = PTHREAD_MUTEX_INITIALIZER;
 int32_t g_pinned = 0;
 // The key our fork handlers are registered under (remora_configure).
 char g_fork_key;
+// 1 while our fork handlers are in glibc's list. Whoever takes them out
+// (__cxa_finalize(&g_fork_key): the agent's unload, our destructor, exit)
+// also runs the exit function registered beside them under the same key,
+// which clears it: a tool the unload had to keep (pinned) registers them
+// again at its next remora_configure, once.
+int g_fork_registered = 0;
+// fork()s that ran our prepare handler (tests: remora_default_tool_debug_fork_prepares).
+long g_fork_prepares = 0;
+
+void forget_fork_handlers(void*) { __atomic_store_n(&g_fork_registered, 0, __ATOMIC_RELEASE); }
 
 constexpr size_t kCollectorStack = 256 * 1024;
 
@@ -655,7 +666,8 @@ void note_new_pipes(const std::vector<int32_t>& before) {
     if (std::find(before.begin(), before.end(), fd) != before.end()) continue;
     OwnedFd o{fd, 0, 0};
     bool fifo = false;
-    if (g_unwind_fd_count < 4 && fd_identity(fd, &o.dev, &o.ino, &fifo) && fifo) g_unwind_fds[g_unwind_fd_count++] = o;
+    if (g_unwind_fd_count < 4 && fd_identity(fd, &o.dev, &o.ino, &fifo) && fifo)
+      g_unwind_fds[g_unwind_fd_count++] = o;
   }
 }
 
@@ -706,7 +718,7 @@ void release_for_unload(Tool& t) {
   // has proven that no thread is inside (never at process exit).
   close_unwind_fds();
   pthread_mutex_lock(&g_fork_mu);  // waits out a fork in progress, which holds t.mu
-  g_tool = nullptr;                 // the fork handlers do nothing from here until the dlclose removes them
+  g_tool = nullptr;                // the fork handlers do nothing from here until the dlclose removes them
   pthread_mutex_unlock(&g_fork_mu);
   delete &t;
 }
@@ -825,6 +837,7 @@ void atfork_prepare() {
   remora_inside_enter(in);
   pthread_mutex_lock(&g_fork_mu);
   if (g_tool) g_tool->mu.lock();
+  __atomic_add_fetch(&g_fork_prepares, 1, __ATOMIC_RELAXED);
   remora_inside_leave(in);
 }
 void atfork_parent() {
@@ -907,11 +920,16 @@ REMORA_TOOL_EXPORT remora_tool_configure_result_t* remora_configure(uint32_t, co
     std::vector<int32_t> fds = open_fds();
     g_tool = new Tool();
     note_new_pipes(fds);
+  }
+  if (__atomic_load_n(&g_fork_registered, __ATOMIC_ACQUIRE) == 0) {
     // Registered under a key of ours rather than this object's
     // __dso_handle (pthread_atfork's), which the agent's unload takes out
     // of glibc's list (__cxa_finalize(key)) while no fork can be walking it
-    // (remora/tool.h, remora_tool_quiesce).
+    // (remora/tool.h, remora_tool_quiesce); with them, the exit function
+    // that says they are gone (g_fork_registered).
     __register_atfork(atfork_prepare, atfork_parent, atfork_child, &g_fork_key);
+    __cxa_atexit(forget_fork_handlers, nullptr, &g_fork_key);
+    __atomic_store_n(&g_fork_registered, 1, __ATOMIC_RELEASE);
   }
   g_conf.tool_data = g_tool;
   return &g_conf;
@@ -961,6 +979,12 @@ REMORA_TOOL_EXPORT int remora_default_tool_debug_slots(void (*cb)(void* ctx, voi
 
 // The per-thread blocks the tool has mapped (slots.h, mapped_slot_blocks).
 REMORA_TOOL_EXPORT int remora_default_tool_debug_thread_blocks(void) { return mapped_slot_blocks(); }
+
+// fork()s that ran the tool's prepare handler so far: each fork runs it
+// once while the handlers are registered, never twice.
+REMORA_TOOL_EXPORT long remora_default_tool_debug_fork_prepares(void) {
+  return __atomic_load_n(&g_fork_prepares, __ATOMIC_RELAXED);
+}
 
 // The sampling signal of the current or last session (0: none yet).
 REMORA_TOOL_EXPORT int remora_default_tool_debug_signal(void) {
