@@ -59,6 +59,7 @@ struct AttachCommandOptions {
   std::string slurm;  // --slurm JOBID[.STEP]
   long node_timeout_ms = 30000;
   std::string container;  // --container NAME|ID
+  std::string output;     // -o DIR
 };
 
 std::string tool_names(const std::vector<std::string>& paths) {
@@ -461,7 +462,7 @@ int ended_session_exit_code(const AttachCommandOptions& o, const std::vector<Att
 // memory after remora exits (--keep), and each process would need a memfd
 // of its own.
 Result<OutputPlan> plan_default_output(const AttachCommandOptions& o, EnvList& env, bool socket) {
-  auto plan = REMORA_TRY(prepare_output_path(env, o.pid, socket));
+  auto plan = REMORA_TRY(prepare_output_path(env, o.pid, socket, o.output));
   const bool has_children = o.children && [&] {
     auto kids = procfs::list_children(o.pid);
     return kids && !kids->empty();
@@ -538,6 +539,8 @@ int run_attach(const AttachCommandOptions& asked) {
   auto signals = StopSignals::install();
   if (!signals) return fail(signals.error());
   OutputPlan plan;
+  if (!o.output.empty() && !tools->default_tool)
+    return fail(Error(Errc::kInvalidArgument, output_needs_default_tool(o.output)));
   if (tools->default_tool) {
     auto p = plan_default_output(o, *env, socket);
     if (!p) return fail(p.error());
@@ -615,6 +618,7 @@ slurm::FrontOptions slurm_options(const AttachCommandOptions& o) {
   f.duration_ms = o.duration_ms;
   f.duration_given = o.duration_given;
   f.node_timeout_ms = o.node_timeout_ms;
+  f.output = o.output;
   return f;
 }
 
@@ -632,7 +636,7 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
   auto* container = add_container_option(
       sub, pid, slurm, opts->container,
       "The main process of this running container (podman or docker: NAME or ID) and its tree, "
-      "instead of -p; the results land here, in ./remora-output");
+      "instead of -p; the results land on this side (./remora-output, or -o DIR)");
   sub->add_option("--node-timeout", opts->node_timeout_ms,
                   "--slurm: give up a node that answers nothing for MSEC milliseconds")
       ->capture_default_str()
@@ -650,6 +654,7 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
   sub->add_flag("--no-follow", opts->no_follow,
                 "Attach the tree as it is at the start only: processes it makes "
                 "during the session are not followed (see docs/cli.md)");
+  add_output_option(sub, opts->output);
   sub->add_option("-e,--env", opts->env, "Set NAME=VALUE in each target before the tools load (repeatable)")
       ->allow_extra_args(false);
   auto* keep = sub->add_flag("--keep", opts->keep,
@@ -668,11 +673,14 @@ void add_attach_command(CLI::App& root, Dispatch& dispatch) {
       "Where ptrace is refused (not dumpable, Yama, no CAP_SYS_PTRACE, a seccomp profile), a\n"
       "process started with remora run --listen is attached through its socket (the process\n"
       "alone, not its tree).\n"
-      "The default tool writes under REMORA_OUTPUT_PATH (-e; default ./remora-output, relative\n"
-      "paths are taken from the target's working directory); remora prints its summary.\n"
+      "The default tool's results land in -o DIR on this side (default ./remora-output), whatever\n"
+      "the target's working directory, user or root; -e REMORA_OUTPUT_PATH=... instead names a\n"
+      "directory as the target sees it (relative: from its working directory). remora prints\n"
+      "the summary.\n"
       "\n"
       "Examples:\n"
       "  remora attach -p 4242 -d 5000\n"
+      "  remora attach -p 4242 -d 5000 -o /tmp/profiles\n"
       "  remora attach -p 4242 -t ./libmytool.so -e MYTOOL_LEVEL=2 --attach-children=false\n"
       "  remora attach -p 4242 --keep          # later: remora detach -p 4242 --tree\n"
       "  remora attach -p 4242 -d 5000 --unload  # leave nothing behind\n"

@@ -51,6 +51,20 @@ inline CLI::Option* add_slurm_option(CLI::App* sub, CLI::Option* pid, std::strin
   pid->required(false);
   return sub->add_option("--slurm", job, help)->excludes(pid);
 }
+// -o,--output DIR: where the default tool's results land, on this side
+// (attach, run, --slurm; session_support.h, prepare_output_path).
+inline CLI::Option* add_output_option(CLI::App* sub, std::string& dir) {
+  return sub->add_option("-o,--output", dir,
+                         "Where the default tool's results land, on this side, whatever the target's working "
+                         "directory, user or root (created if missing; default ./remora-output)");
+}
+// -o needs the default tool: a tool of one's own is told where by its own setting.
+inline std::string output_needs_default_tool(const std::string& dir) {
+  return "-o " + dir +
+         " says where the default tool's results go, and -t does not include it: give the tool's own "
+         "setting with -e, or add the default tool (libremora-tool.so) to -t";
+}
+
 // --container NAME|ID: the main process of a running container, found by
 // podman or docker (container.h), instead of -p; with its tree.
 inline CLI::Option* add_container_option(CLI::App* sub, CLI::Option* pid, CLI::Option* slurm,

@@ -64,7 +64,8 @@ Result<std::string> read_memfd(int fd) {
 bool safe_session_name(std::string_view name) {
   if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
   for (char c : name)
-    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) return false;
+    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+      return false;
   return true;
 }
 
@@ -144,6 +145,26 @@ bool target_sees_same_dir(pid_t pid, const std::string& path) {
   auto fd = remote::open_in_root(pid, path);
   return fd && ::fstat(fd->get(), &theirs) == 0 && ours.st_dev == theirs.st_dev &&
          ours.st_ino == theirs.st_ino;
+}
+
+bool target_may_write(pid_t pid, const std::string& path) {
+  auto st = procfs::read_status(pid);
+  if (!st) return false;
+  const uid_t uid = st->uid[3];  // the ids it creates files with
+  const gid_t gid = st->gid[3];
+  if (uid == 0) return true;
+  // The directory, or where the tool would make it: its nearest ancestor.
+  std::string dir = path;
+  struct stat sb {};
+  while (::stat(dir.c_str(), &sb) != 0) {
+    const size_t slash = dir.rfind('/');
+    if (slash == std::string::npos || dir == "/") return false;
+    dir = slash == 0 ? "/" : dir.substr(0, slash);
+  }
+  if (!S_ISDIR(sb.st_mode)) return false;
+  if (sb.st_uid == uid) return (sb.st_mode & S_IWUSR) != 0;
+  if (sb.st_gid == gid) return (sb.st_mode & S_IWGRP) != 0;
+  return (sb.st_mode & S_IWOTH) != 0;
 }
 
 Result<std::unique_ptr<StagedOutput>> StagedOutput::create(pid_t pid) {
@@ -227,7 +248,8 @@ Result<std::unique_ptr<StagedOutput>> StagedOutput::create_in_memory(pid_t pid) 
     return e;
   }
   s->mem_ino_ = st.st_ino;
-  s->target_fd_ = std::to_string(rfd) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(target->ns_pid());
+  s->target_fd_ =
+      std::to_string(rfd) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(target->ns_pid());
   REMORA_TRY(target->close());  // its scratch mapping goes: nothing of ours stays but the memfd
   return s;
 }
@@ -237,7 +259,8 @@ StagedOutput::~StagedOutput() {
     // No tool wrote its header: nobody else will close the target's
     // descriptor. Only while it is still our memfd (the number could have
     // been closed and taken by the program since).
-    struct stat ours {}, theirs{};
+    struct stat ours {
+    }, theirs{};
     const std::string link = "/proc/" + std::to_string(pid_) + "/fd/" + std::to_string(remote_fd_);
     if (::fstat(mem_.get(), &ours) == 0 && ours.st_size == 0 && ::stat(link.c_str(), &theirs) == 0 &&
         theirs.st_ino == mem_ino_ && theirs.st_dev == ours.st_dev) {
@@ -273,11 +296,11 @@ Result<int> StagedOutput::bring_out_of_memory(const std::string& dest) {
   const std::string file = to + (state == "DONE" ? "/profile.remora" : "/profile.remora.part");
   if (!write_new_file(file, records)) return Error::from_errno("write " + file);
   if (state == "PART")
-    return Error(Errc::kTargetExited,
-                 "process " + std::to_string(pid_) + " did not finish its session (it ended, or its detach " +
-                     "failed): the " + std::to_string(records.size()) +
-                     " bytes of timeline events it recorded until then are in " + file +
-                     " (no stacks or code map: those are written at detach)");
+    return Error(Errc::kTargetExited, "process " + std::to_string(pid_) +
+                                          " did not finish its session (it ended, or its detach " +
+                                          "failed): the " + std::to_string(records.size()) +
+                                          " bytes of timeline events it recorded until then are in " + file +
+                                          " (no stacks or code map: those are written at detach)");
   return 1;
 }
 

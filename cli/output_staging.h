@@ -79,4 +79,10 @@ class StagedOutput {
 // directory: the same device and inode, resolved inside its root.
 bool target_sees_same_dir(pid_t pid, const std::string& path);
 
+// Whether process `pid`, with the ids it creates files with, may write into
+// directory `path`, or make it in its nearest existing ancestor (the owner's,
+// the group's or everyone's write bit; supplementary groups are not
+// counted: a process that could after all is staged, which costs a copy).
+bool target_may_write(pid_t pid, const std::string& path);
+
 }  // namespace remora::cli

@@ -49,6 +49,7 @@ struct RunCommandOptions {
   bool listen = false;  // opt in to the socket channel (REMORA_TOOL_ATTACH=1)
   long timeout_ms = 10000;
   std::vector<std::string> words;  // CMD [ARG...], verbatim
+  std::string output;              // -o DIR
 };
 
 void note(const std::string& text) {
@@ -262,9 +263,11 @@ int run_run(const RunCommandOptions& o, const std::vector<std::string>& words) {
     tools = std::move(*t);
   }
   std::string out_root;
+  if (!o.output.empty() && !(tools && tools->default_tool))
+    return fail(Error(Errc::kInvalidArgument, output_needs_default_tool(o.output)));
   if (tools && tools->default_tool) {
     // CMD starts in our working directory: resolve against it.
-    auto plan = prepare_output_path(*env, ::getpid());
+    auto plan = prepare_output_path(*env, ::getpid(), false, o.output);
     if (!plan) return fail(plan.error());
     out_root = plan->root;
   }
@@ -309,6 +312,7 @@ void add_run_command(CLI::App& root, Dispatch& dispatch) {
       sub->add_option("-t,--tools", opts->tools,
                       "Tool libraries LIB[:LIB...] (default: libremora-tool.so next to the agent, or "
                       "$REMORA_TOOL_PATH)");
+  add_output_option(sub, opts->output);
   sub->add_option("-e,--env", opts->env, "Set NAME=VALUE in the program's environment (repeatable)")
       ->allow_extra_args(false);
   sub->add_flag("--no-tool", opts->no_tool, "Preload the agent only (attach later with remora attach -p PID)")

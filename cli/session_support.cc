@@ -89,7 +89,7 @@ Result<EnvList> parse_env_list(const std::vector<std::string>& items) {
   return env;
 }
 
-Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket) {
+Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket, const std::string& output_dir) {
   // Set only for a session in memory (below); empty, it clears a value an
   // earlier session left in the target's environment. (Before find_env: it
   // may grow `env`.)
@@ -97,6 +97,12 @@ Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket) {
   const std::string* given = find_env(env, "REMORA_OUTPUT_PATH");
   OutputPlan plan;
   if (given && !given->empty()) {
+    if (!output_dir.empty())
+      return Error(Errc::kInvalidArgument,
+                   "-o " + output_dir + " and -e REMORA_OUTPUT_PATH=" + *given +
+                       " both say where the results go: give -o (a directory on this "
+                       "side, whatever the target's root) or REMORA_OUTPUT_PATH (as the "
+                       "target names it), not both");
     if ((*given)[0] == '/') {
       plan.root = absolute_path(*given, "/");
     } else {
@@ -115,12 +121,16 @@ Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket) {
     return plan;
   }
   const std::string cwd = our_cwd();
-  plan.root = cwd + "/remora-output";
-  // Our working directory as the target sees it decides: the same one, and
-  // the tool makes remora-output there itself, as its own user.
+  plan.root = output_dir.empty() ? cwd + "/remora-output" : absolute_path(output_dir, cwd);
+  // The directory as the target sees it decides: the same one (or, not made
+  // yet, its nearest ancestor), where it may write, and the tool makes and
+  // fills it itself, as its own user.
+  std::string seen = plan.root;
+  for (struct stat sb{}; ::stat(seen.c_str(), &sb) != 0 && seen.size() > 1;)
+    seen = seen.rfind('/') == 0 ? "/" : seen.substr(0, seen.rfind('/'));
   const bool root_hidden =
       socket && ::access(("/proc/" + std::to_string(pid) + "/root/").c_str(), X_OK) != 0 && errno == EACCES;
-  if (root_hidden || target_sees_same_dir(pid, cwd)) {
+  if (root_hidden || (target_sees_same_dir(pid, seen) && target_may_write(pid, plan.root))) {
     set_env(env, "REMORA_OUTPUT_PATH", plan.root);
     return plan;
   }

@@ -56,14 +56,17 @@ struct OutputPlan {
 
 // For the default tool: makes REMORA_OUTPUT_PATH in `env` absolute, as the
 // process `pid` would resolve it (a relative value against its working
-// directory, /proc/PID/cwd). Unset: <remora's cwd>/remora-output, which the
-// target writes into when it sees that very directory, else a private
-// directory inside the target's root (OutputPlan::staged).
+// directory, /proc/PID/cwd). Unset: `output_dir` (-o, relative to remora's
+// cwd; "": <remora's cwd>/remora-output), on this side: the target writes
+// into it when it sees that very directory and may write there, else into
+// a private directory inside its root, and the sessions are brought out
+// (OutputPlan::staged). -o with REMORA_OUTPUT_PATH is kInvalidArgument.
 // `socket`: the process is reached through its socket channel, where ptrace
 // is refused: a root that cannot be looked into (/proc/PID/root needs ptrace
 // access) is taken for ours (the same host), and nothing is staged in
 // memory (that needs ptrace).
-Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket = false);
+Result<OutputPlan> prepare_output_path(EnvList& env, pid_t pid, bool socket = false,
+                                       const std::string& output_dir = "");
 
 // /proc/PID/comm without its newline; "?" when the process is gone.
 std::string process_comm(pid_t pid);

@@ -145,7 +145,8 @@ std::string random_token() {
   return t;
 }
 
-std::string output_root() {
+std::string output_root(const std::string& output) {
+  if (!output.empty()) return absolute_path(output, std::filesystem::current_path().string());
   if (const char* p = std::getenv("REMORA_OUTPUT_PATH"); p && *p)
     return absolute_path(p, std::filesystem::current_path().string());
   return std::filesystem::current_path().string() + "/remora-output";
@@ -153,8 +154,8 @@ std::string output_root() {
 
 // A new job directory "slurm-JOB[.STEP]-YYYYmmdd-HHMMSS" under the output
 // root, with the token that tells a node it sees this very directory.
-Result<std::string> make_job_dir(const JobSpec& spec, std::string* token) {
-  const std::string root = output_root();
+Result<std::string> make_job_dir(const JobSpec& spec, const std::string& output, std::string* token) {
+  const std::string root = output_root(output);
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec)
@@ -175,11 +176,11 @@ Result<std::string> make_job_dir(const JobSpec& spec, std::string* token) {
 
 // The newest job directory of `spec` under the output root (remora detach
 // --slurm after attach --keep), with its token.
-std::string find_job_dir(const JobSpec& spec, std::string* token) {
+std::string find_job_dir(const JobSpec& spec, const std::string& output, std::string* token) {
   std::string best;
   std::error_code ec;
   const std::string prefix = "slurm-" + spec.text() + "-";
-  for (const auto& e : std::filesystem::directory_iterator(output_root(), ec)) {
+  for (const auto& e : std::filesystem::directory_iterator(output_root(output), ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(prefix, 0) == 0 && e.path().string() > best) best = e.path().string();
   }
@@ -795,9 +796,9 @@ int run_front(const FrontOptions& asked) {
   ::pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   if (default_tool) {
     std::string token;
-    std::string dir = f.o.node.op == "detach" ? find_job_dir(f.spec, &token) : "";
+    std::string dir = f.o.node.op == "detach" ? find_job_dir(f.spec, f.o.output, &token) : "";
     if (dir.empty()) {
-      auto made = make_job_dir(f.spec, &token);
+      auto made = make_job_dir(f.spec, f.o.output, &token);
       if (!made) return fail(made.error());
       dir = *made;
     }

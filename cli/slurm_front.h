@@ -19,6 +19,9 @@ struct FrontOptions {
   // A node that sends nothing for this long (while an answer is due) is
   // given up: its srun is stopped and the node reported as failed.
   long node_timeout_ms = 30000;
+  // -o DIR: where the job directory is made ("": REMORA_OUTPUT_PATH, else
+  // ./remora-output).
+  std::string output;
 };
 
 int run_front(const FrontOptions& o);

@@ -169,8 +169,10 @@ def test_attach(tmp):
     expect_refused(tmp, "stray", valid + ["stray"], t)
     expect_refused(tmp, "stray", valid[:3] + ["stray"] + valid[3:], t)
     expect_refused(tmp, "stray", valid + ["--", "stray"], t)
-    # The issue's own example; -o is no option of attach (yet).
-    expect_refused(tmp, "-o", valid + ["-o", os.path.join(tmp, "x"), "--bogus"], t)
+    # The issue's own example: -o is attach's output directory now, --bogus
+    # still refused (and nothing made at -o).
+    expect_refused(tmp, "--bogus", valid + ["-o", os.path.join(tmp, "x"), "--bogus"], t)
+    check(not os.path.exists(os.path.join(tmp, "x")), "a refused command line makes no -o directory")
     expect_refused(tmp, "--bogus", ["--bogus"] + valid, t)
     check(not os.path.exists(log), "no tool was called", open(log).read() if os.path.exists(log) else "")
     t.stop()
