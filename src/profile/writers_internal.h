@@ -1,4 +1,4 @@
-// What the writers (writers.cc, perfetto.cc, pprof.cc) share: how threads,
+// What the writers (writers*.cc, perfetto.cc, pprof.cc) share: how threads,
 // the process and frames are named, so that every output names them alike.
 // Private to src/profile.
 #ifndef REMORA_PROFILE_WRITERS_INTERNAL_H_
@@ -41,6 +41,34 @@ bool write_all(FILE* out, const void* data, size_t size);
 // stream: pprof's readers look for the gzip magic) into `out`; false on an
 // I/O error (errno set). The pprof writer and the job merge both use it.
 bool write_gzip(const std::string& data, FILE* out);
+
+// ---- frames, as the text writers label them (writers.cc) ----
+
+// Each frame's label, once: profiles hold many samples of few frames.
+template <typename Label>
+std::vector<std::string> frame_labels(const Profile& p, Label label) {
+  std::vector<std::string> out;
+  out.reserve(p.frames.size());
+  for (const Frame& f : p.frames) out.push_back(label(f));
+  return out;
+}
+// labels[i], "[unknown]" when out of range.
+const std::string& label_at(const std::vector<std::string>& labels, uint32_t i);
+// A name fit for a folded line: ';' and newlines replaced.
+std::string folded_name(const std::string& name);
+// Microseconds since the profile's start (0 before it).
+double rel_us(const Profile& p, uint64_t ns);
+// "1.234 ms", "12 ns".
+std::string fmt_duration(uint64_t ns);
+struct SymbolCounts {
+  std::string name;
+  uint64_t self = 0;
+  uint64_t inclusive = 0;
+};
+// Self and inclusive samples per label, hottest (self, then inclusive) first.
+std::vector<SymbolCounts> symbol_counts(const Profile& p, const std::vector<std::string>& labels);
+// Every sample's weight, summed.
+uint64_t total_weight(const Profile& p);
 
 }  // namespace remora::profile::internal
 
