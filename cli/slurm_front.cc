@@ -33,6 +33,7 @@
 #include "cli/session_support.h"
 #include "cli/slurm_job.h"
 #include "cli/slurm_support.h"
+#include "profile/job.h"
 
 namespace remora::cli::slurm {
 namespace {
@@ -565,53 +566,34 @@ int exit_code_of(const Front& f) {
   return first ? first : to_int(ExitCode::kNoTarget);
 }
 
-json clock_json(const std::vector<ClockSample>& samples, const char* when) {
+// A node's best clock measure, as job.json keeps it.
+std::optional<profile::ClockSample> job_clock(const std::vector<ClockSample>& samples, const char* when) {
   auto best = best_sample(samples);
-  if (!best) return nullptr;
-  return {{"node_mono_ns", best->node_mono_ns},
-          {"offset_ns", best->offset_ns},
-          {"uncertainty_ns", best->uncertainty_ns},
-          {"when", when}};
+  if (!best) return std::nullopt;
+  return profile::ClockSample{best->node_mono_ns, best->offset_ns, best->uncertainty_ns, when};
 }
 
+// job.json, through its one writer (profile/job.h).
 Result<void> write_manifest(const Front& f) {
-  json nodes = json::array(), ranks = json::array();
-  for (const auto& l : f.links) {
-    json clock = json::array();
-    // The detach command's only measurement is at its detach.
-    const char* first = f.o.node.op == "detach" ? "detach" : "attach";
-    for (auto c : {clock_json(l.attach_clock, first), clock_json(l.detach_clock, "detach")})
-      if (!c.is_null()) clock.push_back(c);
-    nodes.push_back({{"name", l.node}, {"transport", l.transport}, {"error", l.failure}, {"clock", clock}});
-  }
-  for (const auto& r : f.ranks)
-    ranks.push_back({{"node", r.node},
-                     {"rank", r.rank},
-                     {"local_rank", r.local_rank},
-                     {"pid", r.pid},
-                     {"comm", r.comm},
-                     {"dir", r.dir},
-                     {"result", r.ok ? "attached" : r.result},
-                     {"detach", r.detach},
-                     {"end", r.end}});
+  profile::JobManifest m;
+  m.job = f.spec.job;
+  m.step = f.spec.step;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  json m = {{"format", 1},
-            {"job", f.spec.job},
-            {"step", f.spec.step},
-            {"front_host", host},
-            {"window", {{"start_mono_ns", f.window_start_ns}, {"end_mono_ns", f.window_end_ns}}},
-            {"nodes", nodes},
-            {"ranks", ranks}};
-  const std::string path = f.job_dir + "/job.json", tmp = path + ".tmp";
-  {
-    // A program's name is bytes: replace what is not UTF-8 rather than throw.
-    std::ofstream out(tmp);
-    out << m.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
-    if (!out.flush()) return Error(Errc::kIo, "cannot write " + tmp + " (is the output directory full?)");
+  m.front_host = host;
+  m.window = profile::JobWindow{f.window_start_ns, f.window_end_ns};
+  for (const auto& l : f.links) {
+    profile::JobNode n{l.node, l.transport, l.failure, {}};
+    // The detach command's only measurement is at its detach.
+    const char* first = f.o.node.op == "detach" ? "detach" : "attach";
+    for (auto c : {job_clock(l.attach_clock, first), job_clock(l.detach_clock, "detach")})
+      if (c) n.clock.push_back(*c);
+    m.nodes.push_back(std::move(n));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Error::from_errno("write " + path);
-  return {};
+  for (const auto& r : f.ranks)
+    m.ranks.push_back(profile::JobRank{r.node, r.rank, r.local_rank, r.pid, r.comm, r.dir,
+                                       r.ok ? "attached" : r.result, r.end, r.detach});
+  return profile::write_job_manifest(f.job_dir + "/" + profile::kJobManifestFile, m);
 }
 
 // job.json, then one profile of every rank (the renderer plugin's merge).

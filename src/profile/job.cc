@@ -68,6 +68,7 @@ JobRank read_rank(const json& j, const std::string& where, std::string* error) {
   f.str("dir", &r.dir);
   f.str("result", &r.result);
   f.str("end", &r.end);
+  f.str("detach", &r.detach);
   return r;
 }
 
@@ -187,7 +188,8 @@ std::string job_manifest_json(const JobManifest& m) {
                      {"comm", r.comm},
                      {"dir", r.dir},
                      {"result", r.result},
-                     {"end", r.end}});
+                     {"end", r.end},
+                     {"detach", r.detach}});
   j["nodes"] = std::move(nodes);
   j["ranks"] = std::move(ranks);
   // Names are any bytes (a comm, an error message): invalid UTF-8 becomes

@@ -17,10 +17,13 @@
 //                          "uncertainty_ns": 800, "when": "attach"}]}],
 //    "ranks": [{"node": "n1", "rank": 0, "local_rank": 0, "pid": 4242,
 //               "comm": "mpi_ranks", "dir": "n1/mpi_ranks-4242-s1-...",
-//               "result": "attached", "end": ""}]}
+//               "result": "attached", "end": "", "detach": "detached"}]}
 //
 // Plain data and pure functions, but for the two that read and write the
-// file; any thread may call them.
+// file; any thread may call them. The one writer of job.json (the front,
+// cli/slurm_front.cc) and its readers (the merge, tests) all go through
+// here: a library of its own (remora_profile_job) that the remora command
+// links without the rest of the profile layer.
 #ifndef REMORA_PROFILE_JOB_H_
 #define REMORA_PROFILE_JOB_H_
 
@@ -67,6 +70,7 @@ struct JobRank {
   std::string dir;     // its session directory, relative to JOBDIR; "" when none came back
   std::string result;  // "attached", or "failed: why"
   std::string end;     // how it ended while attached ("exited with status 0"); "" when it lived on
+  std::string detach;  // what its detach did ("detached", "unloaded", "failed: why"); "" none yet
 
   bool operator==(const JobRank&) const = default;
 };

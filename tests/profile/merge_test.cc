@@ -198,10 +198,11 @@ JobManifest make_manifest() {
   m.window = JobWindow{95 * kS, 100 * kS};
   m.nodes = {{"n1", "stream", "", n1_clock()}, {"n2", "shared", "", n2_clock()}};
   for (const RankSpec& r : kRanks)
-    m.ranks.push_back({r.node, r.rank, r.local_rank, r.pid, "mpi_ranks", rank_dir(r), "attached", ""});
+    m.ranks.push_back(
+        {r.node, r.rank, r.local_rank, r.pid, "mpi_ranks", rank_dir(r), "attached", "", "detached"});
   m.ranks.push_back(
-      {"n2", 3, 1, 4300, "mpi_ranks", "n2/mpi_ranks-4300-s1", "attached", "exited with status 0"});
-  m.ranks.push_back({"n2", 4, 2, 4301, "mpi_ranks", "", "failed: ptrace: EPERM", ""});
+      {"n2", 3, 1, 4300, "mpi_ranks", "n2/mpi_ranks-4300-s1", "attached", "exited with status 0", ""});
+  m.ranks.push_back({"n2", 4, 2, 4301, "mpi_ranks", "", "failed: ptrace: EPERM", "", ""});
   return m;
 }
 
@@ -651,7 +652,7 @@ TEST(MergeJob, AChildProcessIsNamedByItsNode) {
   JobManifest m;
   m.job = "9", m.step = "0";
   m.nodes = {{"n1", "stream", "", {}}};
-  m.ranks = {{"n1", -1, -1, 4250, "helper", "n1/helper-4250-s1", "attached", ""}};
+  m.ranks = {{"n1", -1, -1, 4250, "helper", "n1/helper-4250-s1", "attached", "", "detached"}};
   ASSERT_TRUE(write_job_manifest(tmp.path + "/job.json", m));
   auto r = merge_job(tmp.path);
   ASSERT_TRUE(r) << r.error().to_string();
