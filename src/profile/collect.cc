@@ -184,12 +184,16 @@ std::vector<std::string> debug_dirs_with_env(std::vector<std::string> dirs) {
 Result<CollectResult> collect_session(const std::string& dir, const CollectOptions& options) {
   CollectResult result;
   const std::string names_path = dir + "/" + kNamesFile;
-  if (!options.again && ::access(names_path.c_str(), F_OK) == 0) return result;
+  const bool recorded = ::access(names_path.c_str(), F_OK) == 0;
+  if (recorded && !options.again) return result;
   auto raw = read_raw_records(dir + "/" + kRawRecordsFile);
   if (!raw) return raw.error();
   if (options.pid != 0) raw->pid = options.pid;
   result.target_alive = options.live && same_process_alive(raw->pid, raw->ns_pid);
   const bool alive = result.target_alive;
+  // Asked again, but the process is gone: what was recorded while it lived
+  // names more than this machine's files can now.
+  if (recorded && !alive) return result;
   std::vector<std::string> notes;
   // A map remora had the JVM write is removed once read (kept in DIR): the
   // target's /tmp is left as it was.

@@ -30,7 +30,8 @@ struct CollectOptions {
   // (a render that finds no names.json: a session of an older remora).
   bool live = true;
   // Collect again even when DIR holds names.json (a session that just ended,
-  // or `remora report -p PID`). False: a collected session is left as it is.
+  // or `remora report -p PID`), if the process still lives. False: a
+  // collected session is left as it is.
   bool again = false;
   // Directories searched for debug files by build ID before /usr/lib/debug;
   // REMORA_DEBUG_PATH (colon-separated) is appended.

@@ -7,8 +7,9 @@ profiled through the remora CLI. Then:
 
 1. The process is killed and its binaries deleted; the session directory is
    copied to another path. `remora report` on the copy, and on the original,
-   gives the very same seven outputs byte for byte (summary.txt apart from the
-   lines naming the directory).
+   and `remora report -p PID` of the ended process, give the very same seven
+   outputs byte for byte (summary.txt apart from the lines naming the
+   directory).
 2. The library's debug file appears (REMORA_DEBUG_PATH, laid out as
    .build-id/xx/rest.debug): a render names the library's frames with their
    source lines, and the summary says that it did, and why the outputs differ.
@@ -123,7 +124,7 @@ def profile(args, prog, out_root):
                  "REMORA_OUTPUT_PATH=" + out_root], "remora attach")
         m = re.search(r"^==> pid %d: (\S+)$" % pid, r.stdout, re.M)
         check(m is not None, "remora names the session directory", r.stdout)
-        return m.group(1)
+        return m.group(1), pid
     finally:
         os.close(r_fd)
         os.kill(pid, signal.SIGKILL)
@@ -167,7 +168,7 @@ def main():
     ok = False
     try:
         prog, lib, debug = build(args, tmp)
-        d = profile(args, prog, os.path.join(tmp, "out"))
+        d, pid = profile(args, prog, os.path.join(tmp, "out"))
         first = outputs(d)
         summary = first["summary.txt"].decode()
         folded = first["folded.txt"].decode()
@@ -192,6 +193,9 @@ def main():
         same_outputs(first, d, outputs(moved), moved, "the copy, binaries deleted")
         report(args, d, "remora report in place")
         same_outputs(first, d, outputs(d), d, "in place, binaries deleted")
+        # -p asks for a fresh collection; the process is gone: the recorded names stay.
+        run([args.remora, "report", "-p", str(pid), moved], "remora report -p PID of the ended process")
+        same_outputs(first, d, outputs(moved), moved, "-p of the ended process")
         print("1. binaries deleted, directory copied: the 7 outputs are the same byte for byte")
 
         # 2. The library's debug file becomes available.
