@@ -28,6 +28,7 @@
 #include "base/unique_fd.h"
 #include "procfs/procfs.h"
 #include "profile/perf_map.h"
+#include "profile/plt.h"
 
 namespace remora::profile {
 namespace {
@@ -396,6 +397,8 @@ struct Object {
   bool dwarf_checked = false, has_dwarf = false;
   std::unordered_map<Dwarf_Off, std::unique_ptr<CuIndex>> cus;
   SymbolTable symtab;
+  bool plt_read = false;
+  std::vector<PltEntry> plt;  // its PLT stubs, named after their targets
 
   uint64_t frames = 0;  // addresses looked up in it
 };
@@ -441,6 +444,7 @@ struct Symbolizer::Impl {
   bool load_debug_only(Object& o);
   void dwarf_frames(Object& o, uint64_t addr, std::vector<Frame>* out);
   void symtab_frame(Object& o, uint64_t addr, std::vector<Frame>* out);
+  void plt_frame(Object& o, uint64_t addr, std::vector<Frame>* out);
   Frame base_frame(const Object& o, uint64_t addr) const;
 
   // libdwfl's callbacks. Each module's userdata is a CallbackData: the
@@ -793,6 +797,22 @@ Frame Symbolizer::Impl::base_frame(const Object& o, uint64_t addr) const {
   return f;
 }
 
+// A PLT stub, named after the function it jumps to ("malloc@plt"): its
+// symbol table would name it after whatever precedes .plt, and DWARF has
+// nothing there.
+void Symbolizer::Impl::plt_frame(Object& o, uint64_t addr, std::vector<Frame>* out) {
+  if (!o.plt_read) {
+    o.plt_read = true;
+    Dwarf_Addr bias = 0;
+    o.plt = plt_entries(dwfl_module_getelf(o.mod, &bias));
+  }
+  Frame f = base_frame(o, addr);
+  if (const PltEntry* e = plt_entry_at(o.plt, f.module_offset)) {
+    f.function = e->name;
+    out->push_back(std::move(f));
+  }
+}
+
 // The inline chain at `addr` from DWARF: the innermost scope's function
 // first, its file:line from the line table; each function it was inlined
 // into next, at the call site its inlined instance records (what
@@ -933,7 +953,8 @@ std::vector<Frame> Symbolizer::frames_at(uint64_t pc, bool return_address) {
         o->dwarf_checked = true;
         o->has_dwarf = dwfl_module_getdwarf(o->mod, &bias) != nullptr;
       }
-      if (o->has_dwarf) s.dwarf_frames(*o, addr, &out);
+      s.plt_frame(*o, addr, &out);
+      if (out.empty() && o->has_dwarf) s.dwarf_frames(*o, addr, &out);
       if (out.empty()) s.symtab_frame(*o, addr, &out);
     }
     if (out.empty()) {

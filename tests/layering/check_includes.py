@@ -8,7 +8,7 @@ Layers, lowest first (a layer may include any lower layer, never a peer or a
 higher one):
     include/ (public headers; they include only each other)
     base <- procfs, elf <- arch <- ptrace <- remote <- control, attach, profile <- capi <- cli, compat
-profile uses base, procfs and elf only (NOT_BELOW): rendering never controls a process.
+profile uses base, procfs, elf and arch only (NOT_BELOW): rendering never controls a process.
 agent/ and tools/ run inside the target: they may include include/, the
 header-only headers of base/ (those without a .cc of their own), the
 self-contained header-only ones of arch/ (no .cc, no Remora include), and
@@ -40,7 +40,7 @@ RANK = {
 }
 # Layers that may not use some lower ones, and why.
 NOT_BELOW = {
-    "profile": ({"arch", "ptrace", "remote"},
+    "profile": ({"ptrace", "remote"},
                 "rendering reads only the session directory: the profile layer never controls a process "
                 "(what naming needs is collected at the detach, profile/collect.h)"),
 }

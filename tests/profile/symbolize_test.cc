@@ -7,12 +7,16 @@
 // library's source ("// @name" comments), not written down twice.
 #include "profile/symbolize.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <libelf.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +28,7 @@
 #include "harness.h"
 #include "procfs/procfs.h"
 #include "profile/perf_map.h"
+#include "profile/plt.h"
 
 namespace remora::profile {
 namespace {
@@ -206,6 +211,34 @@ TEST(Symbolize, WithoutModulesTheMapsGiveTheBias) {
   Symbolizer sym(std::move(src));
   expect_full_names(sym, fx, kFull);
   EXPECT_TRUE(sym.warnings().empty()) << joined(sym.warnings());
+}
+
+// A PC in a PLT stub of the program: named after the function the stub
+// jumps to ("printf@plt"), not after what precedes .plt.
+TEST(Symbolize, PltStubsAreNamedAfterTheirTargets) {
+  Fixture fx({SYMFX_PROGRAM, kFull});
+  char real[PATH_MAX] = {};
+  ASSERT_NE(::realpath(SYMFX_PROGRAM, real), nullptr);
+  int fd = ::open(real, O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  elf_version(EV_CURRENT);
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  std::vector<PltEntry> entries = plt_entries(elf);
+  elf_end(elf);
+  ::close(fd);
+  ASSERT_FALSE(entries.empty()) << real << " calls libc through its PLT";
+  uint64_t bias = UINT64_MAX;  // a PIE is linked at 0: its first mapping's start
+  SymbolSource src = source_of(fx);
+  for (const auto& m : src.maps)
+    if (m.path == real && m.offset == 0) bias = std::min(bias, m.start);
+  ASSERT_NE(bias, UINT64_MAX);
+  Symbolizer sym(std::move(src));
+  for (const PltEntry& e : entries) {
+    auto frames = sym.frames_at(bias + e.start + (e.end - e.start) / 2, false);
+    ASSERT_EQ(frames.size(), 1u) << e.name << describe(frames);
+    EXPECT_EQ(frames[0].function, e.name);
+    EXPECT_EQ(frames[0].module, real);
+  }
 }
 
 TEST(Symbolize, ReturnAddressLooksUpTheCall) {

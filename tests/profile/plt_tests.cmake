@@ -1,0 +1,13 @@
+# PLT stubs named after their targets (src/profile/plt.h), against objdump.
+if(TARGET remora_profile)
+  add_executable(profile_plt_test ${CMAKE_CURRENT_SOURCE_DIR}/plt_test.cc)
+  target_link_libraries(profile_plt_test PRIVATE remora_profile GTest::gtest GTest::gtest_main remora_warnings)
+  if(TARGET remora)
+    add_dependencies(profile_plt_test remora)
+    target_compile_definitions(profile_plt_test PRIVATE REMORA_CLI_PATH="$<TARGET_FILE:remora>")
+  else()
+    target_compile_definitions(profile_plt_test PRIVATE REMORA_CLI_PATH="/nonexistent")
+  endif()
+  add_test(NAME profile_plt_test COMMAND profile_plt_test)
+  set_tests_properties(profile_plt_test PROPERTIES LABELS profile TIMEOUT 60)
+endif()
