@@ -442,16 +442,7 @@ void run_loader_work() {
   __atomic_store_n(&g_listener_busy, false, __ATOMIC_RELAXED);
   remora_agent_info.loader_rc = rc;
   __atomic_store_n(&remora_agent_info.loader_done, w.id, __ATOMIC_RELEASE);
-  // (Not past an unload: remora_agent_unload, run meanwhile on this thread
-  // by another controller's call, needs this thread gone before the agent's
-  // dlclose; a controller that died before its retire_go would hold it here
-  // for the request's whole timeout.)
-  wait_until(
-      [&] {
-        return __atomic_load_n(&remora_agent_info.retire_go, __ATOMIC_ACQUIRE) == w.id ||
-               __atomic_load_n(&remora_agent_info.unloading, __ATOMIC_ACQUIRE) != 0;
-      },
-      until);
+  wait_until([&] { return __atomic_load_n(&remora_agent_info.retire_go, __ATOMIC_ACQUIRE) == w.id; }, until);
   if (gone || loader_gone()) {
     if (w.start[0] != 0 && w.size[0] != 0 && still_scratch(w.start[0], w.scratch_magic))
       munmap(reinterpret_cast<void*>(w.start[0]), w.size[0]);
@@ -522,6 +513,12 @@ bool start_listener() {
 // counted for the unload's proof (unload.cc): a hook calls out of the
 // agent (pthread_create, dlclose, futex) and returns into it.
 long g_hooks_inside = 0;
+struct HookScope {
+  HookScope() { __atomic_fetch_add(&g_hooks_inside, 1, __ATOMIC_SEQ_CST); }
+  ~HookScope() { __atomic_fetch_sub(&g_hooks_inside, 1, __ATOMIC_RELEASE); }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+};
 
 // Orders the listener's start between racing controllers' start hooks and a
 // loader attach (each on a fresh thread of its controller's).
@@ -554,16 +551,6 @@ void drop_loader_reference() {
   if (self == nullptr) return;
   dlclose(self);
   dlclose(self);
-}
-
-// Loads of the agent's file by controllers' loader threads (their dlopen,
-// not RTLD_NOLOAD), counted by the hook each calls right after it. Two
-// controllers that find no agent and inject it at once both dlopen it, and
-// the second dlopen takes a second reference: it is given back here, so
-// that an unload's one dlclose still unloads the agent.
-uint32_t g_injections = 0;
-void count_injection() {
-  if (__atomic_fetch_add(&g_injections, 1, __ATOMIC_ACQ_REL) > 0) drop_loader_reference();
 }
 
 // fork(): an entry point in progress (attach, detach, a lease change, the
@@ -647,8 +634,7 @@ __attribute__((constructor)) void agent_init() {
   remora_agent_info.features = REMORA_AGENT_FEATURE_LEASE | REMORA_AGENT_FEATURE_FORK_LISTENER |
                                REMORA_AGENT_FEATURE_LEASED_ATTACH | REMORA_AGENT_FEATURE_UNLOAD |
                                REMORA_AGENT_FEATURE_FORK_LEASE | REMORA_AGENT_FEATURE_LOADER_ATTACH |
-                               REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST | REMORA_AGENT_FEATURE_PROVEN_UNLOAD |
-                               REMORA_AGENT_FEATURE_CLAIM;
+                               REMORA_AGENT_FEATURE_LISTENER_ON_REQUEST | REMORA_AGENT_FEATURE_PROVEN_UNLOAD;
   register_fork_handlers(nullptr, nullptr, after_fork_child);
   // No listener: a controller asks for it (remora_agent_start_listener),
   // or, opted in to the socket channel, through it (channel.cc; no thread).
@@ -682,10 +668,7 @@ int attach_locked(const void* env_buffer, const char* tool_list) {
   int rc = REMORA_AGENT_OK;
   SavedEnv saved[kMaxEnv];
   int saved_count = 0;
-  if (remora_agent_info.unloading) {
-    set_message("the agent is being unloaded (remora detach --unload): attach again once it is gone");
-    rc = REMORA_AGENT_ERR_UNLOADING;
-  } else if (refused_by_environment()) {
+  if (refused_by_environment()) {
     set_message(
         "this process refuses tool attachment (its environment sets REMORA_TOOL_ATTACH=0 or "
         "ROCP_TOOL_ATTACH=0)");
@@ -743,8 +726,7 @@ int attach_entry(const void* env_buffer, const char* tool_list) {
 }  // namespace remora_agent
 
 REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_list) {
-  EntryScope entry;
-  if (!entry.ok) return REMORA_AGENT_ERR_BUSY;
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   return attach_entry(env_buffer, tool_list);
 }
 
@@ -754,7 +736,6 @@ REMORA_EXPORT int remora_agent_attach(const void* env_buffer, const char* tool_l
 // thread is gone.
 REMORA_EXPORT int remora_agent_loader_attach(const remora_agent_loader_request* r) {
   HookScope in;
-  count_injection();  // its dlopen took a reference, whatever this returns
   if (remora_agent_info.unloading) return REMORA_AGENT_ERR_BUSY;
   if (r == nullptr || r->magic != REMORA_AGENT_LOADER_MAGIC || r->tool_list == 0)
     return REMORA_AGENT_ERR_BAD_ARGUMENT;
@@ -804,10 +785,7 @@ REMORA_EXPORT int remora_agent_start_listener(uint64_t drop_reference) {
   // unload's dlclose, which says so), and no listener starts.
   if (__atomic_load_n(&remora_agent_info.unloading, __ATOMIC_ACQUIRE) != 0)
     return REMORA_AGENT_ERR_NO_LISTENER;
-  if (drop_reference != 0)
-    drop_loader_reference();
-  else
-    count_injection();
+  if (drop_reference != 0) drop_loader_reference();
   return request_listener();
 }
 
@@ -816,10 +794,9 @@ REMORA_EXPORT int remora_agent_start_listener(uint64_t drop_reference) {
 // no thread runs in it any more, and removing it here saves a remote call.
 REMORA_EXPORT int remora_agent_attach_unmap(const void* env_buffer, const char* tool_list, void* scratch,
                                             size_t size) {
-  EntryScope entry;
-  if (!entry.ok) return REMORA_AGENT_ERR_BUSY;
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   if (scratch != nullptr && size != 0) munmap(scratch, size);
-  return attach_entry(env_buffer, tool_list);
+  return remora_agent_attach(env_buffer, tool_list);
 }
 
 // The attach with its lease (protocol 2). The lease is armed before any
@@ -830,19 +807,14 @@ REMORA_EXPORT int remora_agent_attach_unmap(const void* env_buffer, const char* 
 // orders them against the watcher and exit.
 REMORA_EXPORT int remora_agent_attach_leased(const void* env_buffer, const char* tool_list, void* scratch,
                                              size_t size, int32_t lease_fd, int32_t controller_pid) {
-  EntryScope entry;
-  if (!entry.ok) {
+  if (listener_busy()) {
     close(lease_fd);  // ours from the call on, as always
     return REMORA_AGENT_ERR_BUSY;
   }
   if (scratch != nullptr && size != 0) munmap(scratch, size);
   pthread_mutex_lock(&g_lock);
   int rc = REMORA_AGENT_OK;
-  if (remora_agent_info.unloading) {
-    // No watcher may start now: the agent's dlclose would unmap its stack.
-    close(lease_fd);
-    rc = attach_locked(env_buffer, tool_list);
-  } else if (remora_agent_info.attached && lease_live_locked()) {
+  if (remora_agent_info.attached && lease_live_locked()) {
     // Compare-and-set: the live owner keeps its session and its lease
     // (attach_locked refuses, naming it).
     close(lease_fd);
@@ -900,16 +872,8 @@ void fini_tools_locked() {
 // See agent/protocol.h. Runs on the listener; the lock is taken for the
 // last time here (the watcher is joined, so nobody else ever takes it).
 REMORA_EXPORT int remora_agent_unload(void) {
-  EntryScope entry;
-  if (!entry.ok) return REMORA_AGENT_ERR_BUSY;
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   pthread_mutex_lock(&g_lock);
-  if (remora_agent_info.unloading) {
-    // A second controller's unload, whose call reached the listener before
-    // it left: the first one's unload is the one (exactly one controller
-    // goes on to the agent's dlclose).
-    pthread_mutex_unlock(&g_lock);
-    return REMORA_AGENT_ERR_UNLOADING;
-  }
   if (remora_agent_info.attached) {
     stop_lease_locked();
     detach_all_locked();
@@ -952,8 +916,7 @@ REMORA_EXPORT int remora_agent_unload(void) {
 // controller and none inside fork(): glibc's list of fork handlers can
 // shrink without a fork walking it. Then the listener leaves.
 REMORA_EXPORT int remora_agent_unload_forks(void) {
-  EntryScope entry;
-  if (!entry.ok) return REMORA_AGENT_ERR_BUSY;
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   if (remora_agent_info.unloading == 0) {
     set_message("no unload is in progress");
     return finish(REMORA_AGENT_ERR_BAD_ARGUMENT);
@@ -965,8 +928,7 @@ REMORA_EXPORT int remora_agent_unload_forks(void) {
 }
 
 REMORA_EXPORT int remora_agent_detach(void) {
-  EntryScope entry;
-  if (!entry.ok) return REMORA_AGENT_ERR_BUSY;
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   pthread_mutex_lock(&g_lock);
   int rc;
   if (!remora_agent_info.attached) {
@@ -986,18 +948,10 @@ REMORA_EXPORT int remora_agent_detach(void) {
 // closed). EOF on it means the controller died: the tools are detached so
 // they flush their data. Takes ownership of read_fd. -1 disarms.
 REMORA_EXPORT int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid) {
-  EntryScope entry;
-  if (!entry.ok) {
-    if (read_fd >= 0) close(read_fd);  // ours from the call on, as always
-    return REMORA_AGENT_ERR_BUSY;
-  }
+  if (listener_busy()) return REMORA_AGENT_ERR_BUSY;
   pthread_mutex_lock(&g_lock);
   int rc = REMORA_AGENT_OK;
-  if (remora_agent_info.unloading) {
-    if (read_fd >= 0) close(read_fd);
-    set_message("the agent is being unloaded (remora detach --unload)");
-    rc = REMORA_AGENT_ERR_UNLOADING;
-  } else if (read_fd >= 0 && lease_live_locked() && remora_agent_info.lease_pid != controller_pid) {
+  if (read_fd >= 0 && lease_live_locked() && remora_agent_info.lease_pid != controller_pid) {
     // Another live controller's lease is not ours to replace.
     set_message("attached by remora pid %d, lease live: its lease stays", remora_agent_info.lease_pid);
     close(read_fd);

@@ -35,7 +35,6 @@
 #include <unistd.h>
 
 #include "agent/channel_wire.h"
-#include "agent/internal.h"
 #include "arch/wake_rules.h"
 
 namespace remora_agent {
@@ -595,28 +594,21 @@ bool read_request(int conn, Request* req, Reply* out) {
   return true;
 }
 
-// The request, its result and message taken from this request's own call
-// (a ptrace controller's call on the listener may change the info block's
-// message before the reply is filled).
 void run_request(Request* req, int32_t peer_pid, Reply* out) {
   const remora_channel_request& h = req->head;
   const void* env = h.env_size != 0 ? req->env : nullptr;
-  static remora_agent_call_out result;  // the channel thread's only
-  memset(&result, 0, sizeof result);
   int rc = REMORA_AGENT_OK;
-  if (h.op == REMORA_CHANNEL_OP_ATTACH) {
-    const bool leased = (h.flags & REMORA_CHANNEL_FLAG_LEASE) != 0;
-    req->lease_taken = leased;  // the agent owns it from the call on, whatever it returns
-    rc = channel_attach(env, req->list, leased ? req->fds[0] : -1, peer_pid, &result);
+  if (h.op == REMORA_CHANNEL_OP_ATTACH && (h.flags & REMORA_CHANNEL_FLAG_LEASE) != 0) {
+    req->lease_taken = true;  // the agent owns it from the call on, whatever it returns
+    rc = remora_agent_attach_leased(env, req->list, nullptr, 0, req->fds[0], peer_pid);
+  } else if (h.op == REMORA_CHANNEL_OP_ATTACH) {
+    rc = remora_agent_attach(env, req->list);
   } else if (h.op == REMORA_CHANNEL_OP_DETACH) {
-    rc = listener_busy() ? REMORA_AGENT_ERR_BUSY : detach_as(0, &result);
+    rc = remora_agent_detach();
   }
-  if (rc == REMORA_AGENT_ERR_BUSY)
-    snprintf(result.message, sizeof result.message,
-             "another controller's first attach to this process is in progress: try again once it has ended");
+  if (h.op == REMORA_CHANNEL_OP_ATTACH && rc == REMORA_AGENT_OK)
+    __atomic_store_n(&remora_agent_info.session_channel, 1, __ATOMIC_RELEASE);
   out->r.result = rc;
-  if (rc != REMORA_AGENT_OK) memcpy(out->r.message, result.message, sizeof out->r.message);
-  out->r.message[sizeof out->r.message - 1] = '\0';
 }
 
 void fill_reply(Reply* out, uid_t peer_uid) {

@@ -29,14 +29,6 @@ void channel_fini();
 // could be entered by a wake on its way).
 bool channel_open();
 
-// claim.cc: the channel's requests, with their results in `out` (written
-// under the agent's lock by this very request, never another's message).
-// An attach with the read end of the controller's lease pipe (-1: none;
-// owned from the call on), and a detach (token 0: any session).
-int channel_attach(const void* env_buffer, const char* tool_list, int lease_fd, int32_t controller_pid,
-                   remora_agent_call_out* out);
-int detach_as(uint64_t token, remora_agent_call_out* out);
-
 }  // namespace remora_agent
 
 // The entry points (agent.cc, agent/protocol.h), called by the channel

@@ -30,11 +30,7 @@
  * dlcloses the tools; it publishes what the agent's dlclose will unmap and
  * the tools' counts (the fields at the end of the info block), for the
  * controller's proof, and the agent's destructor dlcloses the tools. */
-/* 8: REMORA_AGENT_FEATURE_CLAIM (remora_agent_attach_claim,
- * remora_agent_claim_lease, remora_agent_detach_as) and the result code
- * REMORA_AGENT_ERR_UNLOADING, and the
- * fields at the end of the info block, unloader_pid and unloader_start. */
-#define REMORA_AGENT_PROTOCOL_VERSION 8u
+#define REMORA_AGENT_PROTOCOL_VERSION 7u
 #define REMORA_AGENT_MESSAGE_SIZE 2048
 #define REMORA_AGENT_TOOLS_SIZE 4096
 /* Size of the exported `remora_agent_scratch` buffer (byte arguments). */
@@ -94,16 +90,6 @@
 /* Entries of unload_code and unload_counters. */
 #define REMORA_AGENT_UNLOAD_RANGES 16
 
-/* Protocol 8: entry points whose results are the call's own (struct
- * remora_agent_call_out, which the controller places on the called thread's
- * stack) rather than the info block's message, which another controller's
- * call may overwrite before it is read; and a lease whose pipe the agent
- * makes itself and keeps the write end of until its controller claims it
- * (remora_agent_attach_claim, remora_agent_claim_lease), so that no instant
- * of a controller's death leaves a descriptor behind in the process; and a
- * detach of one controller's own session (remora_agent_detach_as). */
-#define REMORA_AGENT_FEATURE_CLAIM 0x100u
-
 /* Result codes of the entry points (also left in info.last_result). */
 enum remora_agent_result {
   REMORA_AGENT_OK = 0,
@@ -127,9 +113,6 @@ enum remora_agent_result {
    * agent whose socket channel is open stays: it is how controllers reach
    * the process). The tools were detached, as by remora_agent_detach. */
   REMORA_AGENT_ERR_NOT_UNLOADABLE = 12,
-  /* Protocol 8: remora_agent_unload ran (another controller is taking the
-   * agent out of the process): nothing done; attach again once it is gone. */
-  REMORA_AGENT_ERR_UNLOADING = 13,
 };
 
 /* Exported by the agent as `remora_agent_info`. Written only by the agent
@@ -196,45 +179,6 @@ struct remora_agent_info {
    * while it holds another (__cxa_finalize's); the controller waits for it
    * too, so that a call it takes back never leaves a lock of glibc's taken. */
   uint64_t unload_atfork[2];
-  /* Protocol 8: the controller whose remora_agent_unload took the tools out
-   * (its pid as the controller sees itself, and its start time in clock
-   * ticks since boot, /proc/PID/stat's 22nd field), written by that
-   * controller right after the call (0: none recorded). Another controller
-   * that finds the agent `unloading` leaves the agent's dlclose to it while
-   * it lives: two dlcloses of one handle would free the agent's link_map
-   * twice in the target's loader. */
-  int32_t unloader_pid;
-  int32_t reserved8;
-  uint64_t unloader_start;
-};
-
-/* Protocol 8: what remora_agent_attach_claim is asked (read during the call
- * only). */
-#define REMORA_AGENT_CLAIM_MAGIC 0x52454d4f52434c4dull /* "REMORCLM" */
-#define REMORA_AGENT_CLAIM_LEASE 0x1u
-/* controller_pid names the controller in the target's own pid namespace:
- * the agent watches it (a pidfd) and closes the kept write end as soon as
- * it exits, so that a controller killed before its claim sees its lease
- * expire at once rather than at claim_ms. */
-#define REMORA_AGENT_CLAIM_WATCH_PID 0x2u
-struct remora_agent_claim_request {
-  uint64_t magic;         /* REMORA_AGENT_CLAIM_MAGIC */
-  uint32_t size;          /* sizeof(struct remora_agent_claim_request) */
-  uint32_t flags;         /* REMORA_AGENT_CLAIM_LEASE: attach with a lease of the agent's making */
-  uint64_t token;         /* the controller's random session token (non-zero with a lease) */
-  int32_t controller_pid; /* named in refusals and status (informational) */
-  uint32_t claim_ms;      /* how long the write end waits for remora_agent_claim_lease */
-};
-
-/* Protocol 8: the result of one call, written by the agent before the call
- * returns, on the caller's own stack (never the shared info block). */
-struct remora_agent_call_out {
-  int32_t result;    /* enum remora_agent_result, as returned */
-  int32_t owner_pid; /* ALREADY_ATTACHED, NOT_ATTACHED: the live lease's controller, 0 none */
-  int32_t lease_fd;  /* attach_claim with a lease: the write end to open and claim, else -1 */
-  int32_t reserved;
-  uint64_t lease_dev, lease_ino;           /* what lease_fd names (the pipe) */
-  char message[REMORA_AGENT_MESSAGE_SIZE]; /* why it failed ("" on success) */
 };
 
 /* The argument of remora_agent_loader_attach, in the controller's scratch
@@ -327,38 +271,6 @@ struct remora_agent_loader_request {
  *     drop_reference non-zero the dlopen was a RTLD_NOLOAD of an agent that
  *     was loaded already (preloaded, or forked): the reference it took is
  *     given back here, so that an unload's one dlclose still unloads.
- * int remora_agent_attach_claim(const void* env_buffer, const char* tool_list,
- *                               void* scratch, size_t size,
- *                               const struct remora_agent_claim_request* req,
- *                               struct remora_agent_call_out* out);
- *     Protocol 8. The attach of remora_agent_attach_unmap, with the result
- *     in `out`. With REMORA_AGENT_CLAIM_LEASE, the agent makes the lease
- *     pipe itself and arms it with the read end before any tool runs (the
- *     compare-and-set of _attach_leased); it keeps the write end, named in
- *     out->lease_fd, out->lease_dev/ino, until the controller, having
- *     opened it through /proc/PID/fd, claims the lease
- *     (remora_agent_claim_lease), or until req->claim_ms have passed: then
- *     it closes it, so that a controller that died before its claim sees
- *     its lease expire (the tools detach) and leaves no descriptor.
- *     ALREADY_ATTACHED names the live lease's holder in out->owner_pid.
- * int remora_agent_claim_lease(uint64_t token, uint64_t ino,
- *                              struct remora_agent_call_out* out);
- *     Protocol 8. The agent closes the write end it kept for the lease of
- *     `token`. OK when `ino` (what the controller opened) is that pipe; the
- *     lease is then the controller's alone. Otherwise ERR_LEASE: the lease
- *     expires at once. NOT_ATTACHED: no claim waits for `token` any more
- *     (not claimed in time, or the session detached by another controller
- *     meanwhile).
- * int remora_agent_detach_as(uint64_t token, struct remora_agent_call_out* out);
- *     Protocol 8. remora_agent_detach with its result in `out`; with `token`
- *     non-zero only the session of that lease is detached: another
- *     controller's session (the first ended and a second attached since)
- *     is left attached (NOT_ATTACHED, its holder in out->owner_pid).
- * Every entry point refuses, from protocol 8 on, with BUSY a remote call
- * that interrupted the listener while it still ran another entry point (a
- * call its controller let go past its deadline, or died in: the thread
- * finishes it by itself), and with UNLOADING once remora_agent_unload ran
- * (remora_agent_unload_forks excepted: it is the unload's next step).
  * int remora_agent_set_lease(int32_t read_fd, int32_t controller_pid);
  *     read_fd: read end of a pipe whose only write end the controller holds
  *     (-1 disarms); controller_pid is informational. Refuses (ERR_LEASE,

@@ -419,10 +419,7 @@ int detach_all(attach::Controller& ctl, const AttachCommandOptions& o, std::vect
       if (o.unload) warn_kept_tools(d.pid, d.unload);
       continue;
     }
-    // Whether the process is gone, its pidfd says: a "no such thread" of a
-    // process that lives on (another controller's unload took the agent's
-    // listener) is a failure to report, not an exit.
-    bool gone = p && p->pidfd ? pidfd_exited(p->pidfd.get()) : is_gone(d.code);
+    bool gone = is_gone(d.code) || (p && p->pidfd && pidfd_exited(p->pidfd.get()));
     if (gone) continue;  // exited during the session: said so already
     if (!header) {
       std::printf("Detach failed for:\n");

@@ -352,10 +352,7 @@ Result<pid_t> ensure_agent(remote::Target& t, pid_t pid, const AttachOptions& op
     *retired = remote::RemoteHandle::mapping(t, *m);
   }
   REMORA_TRY_CTX(stack.reset(), "remove the loader thread's stack");  // elsewhere: by itself, as before
-  if (!loaded)
-    return Error(Errc::kNotAttached,
-                 "the agent was loaded, and at once unloaded by another controller (remora detach --unload): "
-                 "nothing is attached");
+  if (!loaded) return Error(Errc::kInternal, "the agent was loaded but is not in the target's maps");
   *loaded_now = true;
   return known_listener;
 }

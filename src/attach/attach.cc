@@ -153,12 +153,6 @@ Result<ProcessOutcome> Controller::attach(pid_t pid, const AttachOptions& opts) 
 Result<ProcessOutcome> Controller::attach_one(pid_t pid, int pidfd, const AttachOptions& opts) {
   if (opts.channel == Channel::kSocket || socket_session(pid) != nullptr) return attach_socket(pid, opts);
   auto r = attach_steps(pid, pidfd, opts);
-  // An agent this attach found, taken out under it by another controller's
-  // unload, is said so, whatever step it broke.
-  if (!r) {
-    if (auto s = session_for(pid, false); s && *s && (*s)->agent.info != 0)
-      r = unloaded_meanwhile(*(*s)->target, pid, (*s)->agent.info, std::move(r).error());
-  }
   // Refused at the seize (a seccomp filter of ours, a rule the pre-check
   // cannot see), before anything changed in the process: its socket, if it
   // opted in.
@@ -226,29 +220,10 @@ Result<ProcessOutcome> Controller::attach_steps(pid_t pid, int pidfd, const Atta
     return out;
   }
   CallOptions on_listener{s->listener, opts.timeout};
-  on_listener.wait_for_thread = opts.timeout;
-  on_listener.let_finish = true;
 
   auto list =
       REMORA_TRY_CTX(tool_list(t, opts.tools, info.tools[0] != '\0', on_listener, deadline, &memfds), ctx);
   REMORA_LOG(kAttach, "pid %d: tools visible", pid);
-  // (The injected faults of the older routes take those routes.)
-  if (s->agent.claims() && !fault_injected("old-agent") && !fault_injected("remove-scratch")) {
-    // Protocol 8: the agent's own lease pipe, claimed; results of our own.
-    const auto env = encode_env(opts.env);
-    AttachCall call{env, list, retired, memfds};
-    auto claimed = attach_claimed(t, pid, s->agent, on_listener, call, opts.lease);
-    if (!claimed)
-      return unloaded_meanwhile(t, pid, s->agent.info, std::move(claimed).error()).with_context(ctx);
-    auto got = std::move(*claimed);
-    s->lease_fd = std::move(got.lease_fd);
-    s->lease_token = got.token;
-    REMORA_LOG(kAttach, "pid %d: attached%s", pid, opts.lease ? " with its lease" : "");
-    s->attached = true;
-    out.ok = true;
-    out.elapsed = std::chrono::steady_clock::now() - t0;
-    return out;
-  }
   // The lease belongs to the attach (protocol 2): the agent records this
   // controller before any tool runs, so no instant of a controller's death
   // leaves tools attached without a lease. An agent of protocol 1 is leased
@@ -307,18 +282,6 @@ Result<UnloadReport> Controller::detach(pid_t pid, const DetachOptions& opts) {
 }
 
 Result<UnloadReport> Controller::detach_one(pid_t pid, const DetachOptions& opts) {
-  auto r = detach_steps(pid, opts);
-  // An agent taken out under this detach by another controller's unload is
-  // said so, whatever step it broke (a read of its block, its listener).
-  // (An unload says itself whose unload it met: unload_agent.)
-  if (!r && !opts.unload) {
-    if (auto s = session_for(pid, false); s && *s && (*s)->agent.info != 0)
-      r = unloaded_meanwhile(*(*s)->target, pid, (*s)->agent.info, std::move(r).error());
-  }
-  return r;
-}
-
-Result<UnloadReport> Controller::detach_steps(pid_t pid, const DetachOptions& opts) {
   const std::string ctx =
       std::string(opts.unload ? "detach and unload from" : "detach from") + " process " + std::to_string(pid);
   if (REMORA_TRY(route(pid, opts.channel, TargetUse::kProcess, ctx)) == Channel::kSocket)
@@ -331,7 +294,6 @@ Result<UnloadReport> Controller::detach_steps(pid_t pid, const DetachOptions& op
   auto finish = [&]() {
     (void)t.close();
     s->lease_fd.reset();
-    s->lease_token = 0;
     s->attached = false;
   };
   auto loaded = resolve_agent(t, &s->agent);
@@ -346,22 +308,6 @@ Result<UnloadReport> Controller::detach_steps(pid_t pid, const DetachOptions& op
   // the block's tail (`kept`, the agent's handle).
   auto info =
       REMORA_TRY_CTX(opts.unload ? read_info(t, s->agent.info) : read_info_head(t, s->agent.info), ctx);
-  if (info.magic != REMORA_AGENT_MAGIC) {
-    // The agent resolved a moment ago is gone (another controller's unload):
-    // what is there now is not its block.
-    finish();
-    return Error(Errc::kNotAttached,
-                 "the agent in process " + std::to_string(pid) +
-                     " was unloaded by another controller meanwhile (remora detach --unload): "
-                     "nothing is attached")
-        .with_context(ctx);
-  }
-  if (info.unloading != 0 && !opts.unload) {
-    finish();
-    return Error(Errc::kNotAttached, "the agent in process " + std::to_string(pid) +
-                                         " is being unloaded (remora detach --unload): nothing is attached")
-        .with_context(ctx);
-  }
   if (needs_listener(info)) {
     // An agent no controller called yet in this process image: nothing is
     // attached, and a detach starts no thread to say so.
@@ -382,23 +328,13 @@ Result<UnloadReport> Controller::detach_steps(pid_t pid, const DetachOptions& op
       s->agent = AgentSymbols{};  // gone: a later attach loads it afresh
       s->listener = 0;
     }
-    if (!r) return unloaded_meanwhile(t, pid, s->agent.info, std::move(r).error()).with_context(ctx);
+    if (!r) return std::move(r).error().with_context(ctx);
     return r;
   }
-  CallOptions on_listener{info.listener_tid, opts.timeout};
-  on_listener.wait_for_thread = opts.timeout;
-  if (s->agent.claims()) {
-    // Our own session only, when we hold its lease: a later one of another
-    // controller's (ours ended, another attached since) stays attached.
-    auto d = detach_owned(t, s->agent, on_listener, s->attached ? s->lease_token : 0);
-    finish();
-    if (!d) return unloaded_meanwhile(t, pid, s->agent.info, std::move(d).error()).with_context(ctx);
-    return UnloadReport{};
-  }
-  auto rc = call_on_listener(t, s->agent.detach_fn, {}, on_listener);
+  auto rc = t.call(RemoteAddr(s->agent.detach_fn), {}, CallOptions{info.listener_tid, opts.timeout});
   if (!rc) {
     finish();
-    return unloaded_meanwhile(t, pid, s->agent.info, std::move(rc).error()).with_context(ctx);
+    return std::move(rc).error().with_context(ctx);
   }
   int code = static_cast<int>(static_cast<int32_t>(rc->value));
   if (code != REMORA_AGENT_OK) {
@@ -417,21 +353,10 @@ Result<AgentState> detail::status_through_memory(pid_t pid) {
   auto mem = REMORA_TRY(remote::Memory::open(pid));
   auto maps = REMORA_TRY(procfs::read_maps(pid));
   if (!remote::find_library(pid, maps, kAgentName)) return st;
-  auto sym = remote::resolve_symbol(pid, mem, kAgentName, "remora_agent_info", 0, {}, false, &maps);
+  auto sym =
+      REMORA_TRY(remote::resolve_symbol(pid, mem, kAgentName, "remora_agent_info", 0, {}, false, &maps));
   remora_agent_info info{};
-  Result<void> read = sym ? mem.read(sym->address, std::as_writable_bytes(std::span(&info, 1)))
-                          : Result<void>(std::move(sym).error());
-  if (!read) {
-    // Another controller's unload may be taking the image out under us:
-    // gone by now, or going. Anything else is an error.
-    auto now = REMORA_TRY(procfs::read_maps(pid));
-    if (!remote::find_library(pid, now, kAgentName)) return st;
-    if (read.error().code() != Errc::kIo && read.error().code() != Errc::kParse)
-      return std::move(read).error();
-    st.agent_loaded = true;
-    st.message = "the agent is being unloaded (remora detach --unload): its image is going";
-    return st;
-  }
+  REMORA_TRY(mem.read(sym.address, std::as_writable_bytes(std::span(&info, 1))));
   if (info.magic != REMORA_AGENT_MAGIC) return st;
   listener_as_we_name_it(pid, &info);
   info.tools[sizeof info.tools - 1] = '\0';

@@ -226,7 +226,6 @@ class Controller {
   bool vetted(pid_t pid);  // a live session exists: check_target was made when it opened
   Result<ProcessOutcome> attach_one(pid_t pid, int pidfd, const AttachOptions& opts);
   Result<ProcessOutcome> attach_steps(pid_t pid, int pidfd, const AttachOptions& opts);
-  Result<UnloadReport> detach_steps(pid_t pid, const DetachOptions& opts);
   Result<UnloadReport> detach_one(pid_t pid, const DetachOptions& opts);
   std::vector<ProcessOutcome> detach_each(const std::vector<pid_t>& pids, const DetachOptions& opts);
   // follow.cc's steps that need a session's insides (attach.cc).

@@ -58,10 +58,6 @@ struct AgentSymbols {
   uint64_t attach_leased_fn = 0;  // 0 for an agent of protocol 1 (no FEATURE_LEASED_ATTACH)
   uint64_t unload_fn = 0;         // 0 for an agent of protocol 2 or older (no FEATURE_UNLOAD)
   uint64_t unload_forks_fn = 0;   // 0 for an agent of protocol 6 or older (no FEATURE_PROVEN_UNLOAD)
-  // Protocol 8 (REMORA_AGENT_FEATURE_CLAIM), 0 before: results on the
-  // caller's stack, the agent's own lease pipe, a detach of one's own session.
-  uint64_t attach_claim_fn = 0, claim_lease_fn = 0, detach_as_fn = 0;
-  bool claims() const { return attach_claim_fn != 0 && claim_lease_fn != 0 && detach_as_fn != 0; }
 };
 
 // Runs work(i) for every i < n, on two threads per core but at most eight,
@@ -197,11 +193,6 @@ struct JustLoaded {
 };
 
 Errc errc_for_agent(int rc);
-// A call on the listener that failed because its thread is gone while the
-// process lives: another controller's unload took the agent out (or is
-// taking it). Said so, as kNotAttached (nothing is attached any more), in
-// place of "no thread N"; any other error is returned as it is.
-Error unloaded_meanwhile(remote::Target& t, pid_t pid, uint64_t info_at, Error e);
 // Controller::status through /proc/PID/mem (the agent's info block).
 Result<AgentState> status_through_memory(pid_t pid);
 Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own = false,
@@ -240,38 +231,6 @@ Result<void> call_agent_attach(remote::Target& t, pid_t pid, const AgentSymbols&
 Result<void> finish_loader_attach(remote::Target& t, pid_t pid, const AgentSymbols& agent, uint64_t id,
                                   const Deadline& deadline);
 
-// A call of an agent entry point on its listener, the one thread every
-// controller of the process shares. While another controller holds the
-// thread, the call waits for it (CallOptions::wait_for_thread); while the
-// agent answers BUSY (its listener still runs a call another controller let
-// go past its deadline, or died in, or an attach a loader thread handed it:
-// nothing was done), it is made again, every few milliseconds. Both for at
-// most `on_listener.timeout` from the first try; the call itself then has
-// `on_listener.timeout` of its own. A plain Target::call that failed at 10 s
-// because another controller held the thread made an outcome depend on the
-// machine's speed.
-Result<remote::CallReport> call_on_listener(remote::Target& t, uint64_t fn, std::span<const CallArg> args,
-                                            const CallOptions& on_listener);
-
-// ---- claim.cc (protocol 8: REMORA_AGENT_FEATURE_CLAIM) ----
-
-// What an attach through remora_agent_attach_claim gives the session.
-struct ClaimedAttach {
-  UniqueFd lease_fd;   // our write end of the lease pipe (with a lease)
-  uint64_t token = 0;  // the lease's token: detach_owned names the session by it
-};
-// The attach call (and, with a lease, its claim): the agent makes the lease
-// pipe itself, this controller opens the write end through /proc/PID/fd,
-// checks it is that pipe (device and inode), and claims it. Every result is
-// the call's own (remora_agent_call_out on the listener's stack). A refusal
-// while another controller's lease is live names that controller.
-Result<ClaimedAttach> attach_claimed(remote::Target& t, pid_t pid, const AgentSymbols& agent,
-                                     const CallOptions& on_listener, AttachCall c, bool leased);
-// The detach through remora_agent_detach_as: with `token` non-zero, only
-// the session of that lease (another controller's is left attached).
-Result<void> detach_owned(remote::Target& t, const AgentSymbols& agent, const CallOptions& on_listener,
-                          uint64_t token);
-
 // ---- lease.cc ----
 
 Result<remote::RemoteHandle> make_lease_pipe(remote::Target& t, pid_t pid,
@@ -299,9 +258,6 @@ struct Controller::Session {
   detail::AgentSymbols agent;
   pid_t listener = 0;
   UniqueFd lease_fd;  // our end of the lease pipe
-  // The lease's token (protocol 8), while this session holds a lease the
-  // agent made: the session's own detach names it (detach_owned). 0: none.
-  uint64_t lease_token = 0;
   // Attached by this controller and not detached since: what detach(0)
   // detaches. A failed attach (say, a process another controller attached)
   // leaves it false. The session itself stays after a detach, so that a

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <string>
 
 #include "agent/protocol.h"
@@ -22,17 +21,15 @@ namespace {
 
 // After a lease call that failed on our side, is the read end still ours
 // to close? Only when the target's descriptor still names our pipe (the
-// handle's device and inode, which our write end shares) and the agent
-// armed no lease for this process with it: closing a number the target has
-// reused meanwhile would close one of its own descriptors, a worse harm
-// than a leak.
-bool read_end_unclaimed(remote::Target& t, uint64_t info_at, const remote::RemoteHandle& read_end,
-                        const UniqueFd& ours) {
-  struct stat mine {};
-  const auto theirs = read_end.identity();
-  if (!ours || !theirs || ::fstat(ours.get(), &mine) != 0 || !read_end.still_ours()) return false;
-  if (static_cast<uint64_t>(mine.st_dev) != theirs->dev || static_cast<uint64_t>(mine.st_ino) != theirs->ino)
-    return false;
+// inode of our write end) and the agent armed no lease for this process with
+// it: closing a number the target has reused meanwhile would close one of
+// its own descriptors, a worse harm than a leak.
+bool read_end_unclaimed(remote::Target& t, pid_t pid, uint64_t info_at, int read_fd, const UniqueFd& ours) {
+  struct stat mine {
+  }, theirs{};
+  std::string rpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(read_fd);
+  if (!ours || ::fstat(ours.get(), &mine) != 0 || ::stat(rpath.c_str(), &theirs) != 0) return false;
+  if (mine.st_dev != theirs.st_dev || mine.st_ino != theirs.st_ino) return false;
   auto info = read_info(t, info_at);
   return info && info->lease_pid != getpid();
 }
@@ -48,40 +45,22 @@ bool read_end_unclaimed(remote::Target& t, uint64_t info_at, const remote::Remot
 // descriptor; nothing is attached then.)
 Result<remote::RemoteHandle> make_lease_pipe(remote::Target& t, pid_t pid, const CallOptions& on_listener,
                                              UniqueFd* lease_fd) {
-  // The two numbers come back on the listener's own stack (CallArg::out):
-  // in the agent's shared buffer, another controller's pipe2 could
-  // overwrite them before they are read, and this controller would then
-  // take, and close, that controller's descriptors.
-  CallArg pargs[] = {CallArg::out(8), CallArg::integer(O_CLOEXEC)};
+  auto fds_at = REMORA_TRY(t.scratch_alloc(8));
+  CallArg pargs[] = {CallArg::integer(fds_at.addr()), CallArg::integer(O_CLOEXEC)};
   auto p = REMORA_TRY(t.call_symbol("libc.so.6", "pipe2", pargs, on_listener));
   if (p.value != 0)
     return Error(Errc::kIo,
                  "pipe2 failed in the target: it may be out of file descriptors (see its RLIMIT_NOFILE); "
                  "attach without a lease (remora attach --keep) to go on without one");
   int32_t fds[2] = {-1, -1};
-  if (p.out.size() == 1 && p.out[0].size() == sizeof fds) std::memcpy(fds, p.out[0].data(), sizeof fds);
-  // Each end is known by what it is (the handle's identity), and both name
-  // one pipe: the numbers alone could name anything by now.
+  // (Should this read fail, the numbers are unknown: nothing can close them.)
+  REMORA_TRY_CTX(t.read(fds_at, std::as_writable_bytes(std::span(fds, 2))),
+                 "read the lease pipe's descriptors");
   remote::RemoteHandle read_end = remote::RemoteHandle::fd(t, fds[0], on_listener);
   remote::RemoteHandle write_end = remote::RemoteHandle::fd(t, fds[1], on_listener);
-  const auto r_id = read_end.identity(), w_id = write_end.identity();
-  if (!r_id || !w_id || !(*r_id == *w_id)) {
-    read_end.release();  // not provably ours: neither is closed
-    write_end.release();
-    return Error(Errc::kIo, "the lease pipe's descriptors " + std::to_string(fds[0]) + " and " +
-                                std::to_string(fds[1]) + " of process " + std::to_string(pid) +
-                                " no longer name one pipe (closed by the process meanwhile?)");
-  }
   std::string wpath = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fds[1]);
-  lease_fd->reset(::open(wpath.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK));
-  int open_errno = errno;
-  struct stat opened {};
-  if (*lease_fd &&
-      (::fstat(lease_fd->get(), &opened) != 0 || static_cast<uint64_t>(opened.st_ino) != w_id->ino ||
-       static_cast<uint64_t>(opened.st_dev) != w_id->dev)) {
-    lease_fd->reset();  // the number was reused between the check and the open
-    open_errno = ESTALE;
-  }
+  lease_fd->reset(::open(wpath.c_str(), O_WRONLY | O_CLOEXEC));
+  const int open_errno = errno;
   // Ours must be the only write end: were the target's left open, the lease
   // could never expire.
   if (auto closed = write_end.reset(); !closed) {
@@ -96,9 +75,9 @@ Result<remote::RemoteHandle> make_lease_pipe(remote::Target& t, pid_t pid, const
 // its function ran, whatever it returned (it closes it when it refuses or
 // cannot arm the lease). A call that failed on our side may or may not have
 // run: the handle keeps the read end only while it is provably unclaimed.
-void hand_over_read_end(remote::Target& t, pid_t, uint64_t info_at, bool call_ran,
+void hand_over_read_end(remote::Target& t, pid_t pid, uint64_t info_at, bool call_ran,
                         remote::RemoteHandle& read_end, const UniqueFd& lease_fd) {
-  if (call_ran || !read_end_unclaimed(t, info_at, read_end, lease_fd)) read_end.release();
+  if (call_ran || !read_end_unclaimed(t, pid, info_at, read_end.fd(), lease_fd)) read_end.release();
 }
 
 namespace {

@@ -5,7 +5,6 @@
 // "Attach, step by step", step 3).
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,7 +24,6 @@
 #include "base/unique_fd.h"
 #include "elf/elf_image.h"
 #include "procfs/procfs.h"
-#include "remote/lookup.h"
 #include "remote/remote_handle.h"
 #include "remote/seccomp.h"
 #include "remote/target.h"
@@ -83,53 +81,6 @@ bool process_is_stopped(pid_t pid) {
 
 }  // namespace
 
-Result<remote::CallReport> call_on_listener(remote::Target& t, uint64_t fn, std::span<const CallArg> args,
-                                            const CallOptions& on_listener) {
-  // Never on whatever thread a call would choose: an entry point runs on the
-  // listener alone (an application thread may hold a lock the agent takes).
-  // A listener that is gone (tid 0 as we name it) left for an unload.
-  if (on_listener.tid == 0)
-    return Error(Errc::kNoSuchProcess, "the agent in process " + std::to_string(t.pid()) +
-                                           " has no listener thread (it left: the agent is being unloaded)");
-  const Deadline budget = Deadline::after(on_listener.timeout);
-  for (long nap = 1'000'000;; nap = std::min<long>(nap * 2, 20'000'000)) {
-    CallOptions opts = on_listener;
-    opts.wait_for_thread = std::chrono::duration_cast<std::chrono::milliseconds>(budget.remaining());
-    opts.let_finish = true;  // an entry point cut short would leave the agent's lock held
-    auto r = t.call(RemoteAddr(fn), args, opts);
-    if (!r || static_cast<int32_t>(r->value) != REMORA_AGENT_ERR_BUSY || budget.expired()) return r;
-    pause_briefly(nap);
-  }
-}
-
-Error unloaded_meanwhile(remote::Target& t, pid_t pid, uint64_t info_at, Error e) {
-  // What a step meets when the agent goes under it: its listener thread
-  // gone, its memory unreadable, a symbol no longer there, a wait that ends.
-  switch (e.code()) {
-    case Errc::kNoSuchProcess:
-    case Errc::kTargetExited:
-    case Errc::kIo:
-    case Errc::kTimedOut:
-    case Errc::kInternal:
-    case Errc::kLibraryNotMapped:
-    case Errc::kSymbolNotFound: break;
-    default: return e;
-  }
-  if (::kill(pid, 0) != 0 && errno != EPERM) return e;  // the process itself is gone: said as it is
-  // The process lives: a thread that is gone was the agent's listener, which
-  // leaves only when the agent is unloaded (a new agent may be loaded since).
-  const bool thread_gone = e.code() == Errc::kNoSuchProcess || e.code() == Errc::kTargetExited;
-  auto info = read_info_head(t, info_at);
-  auto maps = procfs::read_maps(pid);
-  const bool gone = maps && !remote::find_library(pid, *maps, kAgentName);
-  if (!thread_gone && !gone && !(info && info->magic == REMORA_AGENT_MAGIC && info->unloading != 0)) return e;
-  return Error(Errc::kNotAttached,
-               "the agent in process " + std::to_string(pid) +
-                   " was unloaded by another controller meanwhile (remora detach --unload): "
-                   "nothing is attached (" +
-                   e.to_string() + ")");
-}
-
 Errc errc_for_agent(int rc) {
   switch (rc) {
     case REMORA_AGENT_ERR_REFUSED: return Errc::kRefused;
@@ -142,8 +93,6 @@ Errc errc_for_agent(int rc) {
     case REMORA_AGENT_ERR_ALREADY_ATTACHED: return Errc::kAlreadyAttached;
     case REMORA_AGENT_ERR_BUSY: return Errc::kAlreadyAttached;
     case REMORA_AGENT_ERR_NOT_UNLOADABLE: return Errc::kNotSupported;
-    case REMORA_AGENT_ERR_UNLOADING: return Errc::kAlreadyAttached;
-    case REMORA_AGENT_ERR_LEASE: return Errc::kIo;  // its pipe or watcher could not be made
     default: return Errc::kInternal;
   }
 }
@@ -163,32 +112,16 @@ Result<bool> resolve_agent(remote::Target& t, AgentSymbols* out, bool retire_own
                                                  {"remora_agent_scratch", false, false},
                                                  {"remora_agent_attach_leased", true, false},
                                                  {"remora_agent_unload", true, false},
-                                                 {"remora_agent_unload_forks", true, false},
-                                                 {"remora_agent_attach_claim", true, false},
-                                                 {"remora_agent_claim_lease", true, false},
-                                                 {"remora_agent_detach_as", true, false}};
+                                                 {"remora_agent_unload_forks", true, false}};
   std::optional<std::vector<RemoteAddr>> quick;
   if (just) quick = just_loaded_symbols(t, *just, queries);
   auto found =
       quick ? Result<std::vector<RemoteAddr>>(std::move(*quick)) : t.find_symbols(kAgentName, queries);
   if (!found && found.error().code() == Errc::kLibraryNotMapped) return false;
-  if (!found) {
-    // An image that cannot be read while another controller's unload takes
-    // it out: gone by now (then it is absent), or going.
-    auto maps = procfs::read_maps(t.pid());
-    if (maps && !remote::find_library(t.pid(), *maps, kAgentName)) return false;
-    const Errc c = found.error().code();
-    if (c == Errc::kIo || c == Errc::kParse || c == Errc::kInvalidArgument || c == Errc::kSymbolNotFound)
-      return Error(Errc::kNotAttached,
-                   "the agent in process " + std::to_string(t.pid()) +
-                       " is being unloaded by another controller (remora detach --unload): "
-                       "nothing is attached; attach again once it is gone (" +
-                       found.error().to_string() + ")");
-    return std::move(found).error();
-  }
+  if (!found) return std::move(found).error();
   const auto& f = *found;
-  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(),  f[4].addr(), f[7].addr(),
-                      f[8].addr(), f[9].addr(), f[10].addr(), f[11].addr(), f[12].addr()};
+  *out = AgentSymbols{f[0].addr(), f[1].addr(), f[2].addr(), f[3].addr(),
+                      f[4].addr(), f[7].addr(), f[8].addr(), f[9].addr()};
   // Calls from now on run through the agent's own stubs and buffer: no
   // scratch mapping of ours stays in the process. Adopted only if the bytes
   // are exactly ours (an agent of another build may differ).
@@ -407,10 +340,7 @@ Result<void> call_agent_attach(remote::Target& t, pid_t pid, const AgentSymbols&
     args.push_back(CallArg::integer(static_cast<uint64_t>(c.lease_read->fd())));
     args.push_back(CallArg::integer(static_cast<uint64_t>(getpid())));
   }
-  // (A leased call is made once: the agent owns the read end from the call
-  // on, even when it answers BUSY, so the number is not ours to pass again.)
-  auto rc = leased ? t.call(RemoteAddr(attach_fn), args, on_listener)
-                   : call_on_listener(t, attach_fn, args, on_listener);
+  auto rc = t.call(RemoteAddr(attach_fn), args, on_listener);
   c.memfds.clear();
   if (leased) hand_over_read_end(t, pid, agent.info, rc.ok(), *c.lease_read, *c.lease_fd);
   int code = rc ? static_cast<int>(static_cast<int32_t>(rc->value)) : REMORA_AGENT_OK;

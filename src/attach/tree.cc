@@ -258,11 +258,7 @@ bool Controller::agent_left(pid_t pid) {
   if (s->agent.info == 0 || !pidfd_alive(s->pidfd.get())) return false;
   uint64_t magic = 0;
   auto r = s->target->read(RemoteAddr(s->agent.info), std::as_writable_bytes(std::span(&magic, 1)));
-  if (r && magic == REMORA_AGENT_MAGIC) return false;
-  // The agent is gone. After an exec, the new program is followed anew; but
-  // in the same program, another controller's unload took it out: the
-  // session stays ours, and its detach says it ended.
-  return s->target->execed_since_open();
+  return !r || magic != REMORA_AGENT_MAGIC;
 }
 
 void Controller::forget(pid_t pid) {

@@ -2,8 +2,6 @@
 // listener, then the proof with every thread stopped (quiesce.h), then the
 // agent's dlclose on a fresh thread (loader.cc); what is left of ours (our
 // scratch) goes with it.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -15,7 +13,6 @@
 #include "agent/protocol.h"
 #include "attach/internal.h"
 #include "attach/quiesce.h"
-#include "base/log.h"
 #include "procfs/procfs.h"
 #include "remote/lookup.h"
 #include "remote/target.h"
@@ -48,13 +45,13 @@ class Backoff {
   std::chrono::milliseconds pause_{1};
 };
 
+// One look waits a second at most for the threads to stop: a thread that
+// does not (in uninterruptible sleep, a vfork's parent) is looked at again
+// later, within the operation's deadline.
 // How much longer remora_agent_unload_forks may run past its second: it
 // takes two glibc locks and a few microseconds natively.
 constexpr std::chrono::milliseconds kUnloadForksGrace{10000};
 
-// One look waits a second at most for the threads to stop: a thread that
-// does not (in uninterruptible sleep, a vfork's parent) is looked at again
-// later, within the operation's deadline.
 Deadline look_deadline(const Deadline& deadline) {
   return Deadline::after(std::min<std::chrono::nanoseconds>(deadline.remaining(), std::chrono::seconds(1)));
 }
@@ -64,90 +61,6 @@ Error stays_loaded(pid_t pid, const std::string& why, int looks) {
                                     ", at the last of " + std::to_string(looks) +
                                     " looks with the threads stopped. Run remora detach --unload -p " +
                                     std::to_string(pid) + " again once that thread is out");
-}
-
-// Where the agent's image starts in the process (0: not mapped). An agent
-// mapped elsewhere after an unload is another one: loaded afresh by another
-// controller's attach meanwhile.
-uint64_t agent_base(pid_t pid) {
-  auto maps = procfs::read_maps(pid);
-  if (!maps) return 0;
-  auto lib = remote::find_library(pid, *maps, kAgentName);
-  return lib && !lib->maps.empty() ? lib->maps.front().start : 0;
-}
-
-// Whether the agent that started at `base`, being unloaded, is gone from
-// the process (its dlclose by another controller is over: nothing there, or
-// another agent, which is not unloading, loaded afresh in its place),
-// waiting for it until `deadline`.
-bool agent_gone_by(remote::Target& t, pid_t pid, uint64_t base, uint64_t info_at, const Deadline& deadline) {
-  for (long nap = 1'000'000;; nap = std::min<long>(nap * 2, 20'000'000)) {
-    if (agent_base(pid) != base) return true;
-    remora_agent_info head{};
-    const auto bytes = std::as_writable_bytes(std::span(&head, 1)).first(offsetof(remora_agent_info, tools));
-    if (!t.read(RemoteAddr(info_at), bytes) || head.magic != REMORA_AGENT_MAGIC) return true;
-    remora_agent_info flag{};
-    if (t.read(RemoteAddr(info_at + offsetof(remora_agent_info, unloading)),
-               std::as_writable_bytes(std::span(&flag.unloading, 1))) &&
-        flag.unloading == 0)
-      return true;
-    if (deadline.expired()) return false;
-    pause_briefly(nap);
-  }
-}
-
-// Who unloads the agent (protocol 8: the info block's unloader_pid and
-// unloader_start, in that layout).
-struct Unloader {
-  int32_t pid, reserved;
-  uint64_t start;
-};
-static_assert(offsetof(remora_agent_info, unloader_start) == offsetof(remora_agent_info, unloader_pid) + 8);
-
-// Records this controller as the one whose unload is under way: others leave
-// the dlclose to it while it lives. Best effort: without it, they wait for
-// the agent to go until their deadline before they finish the unload
-// themselves (claim_unload decides between two that would).
-void record_unloader(remote::Target& t, uint64_t info_at, uint32_t version) {
-  if (version < 8) return;
-  auto me = procfs::read_stat(::getpid());
-  if (!me) return;
-  const Unloader who{static_cast<int32_t>(::getpid()), 0, me->start_time};
-  (void)t.write(RemoteAddr(info_at + offsetof(remora_agent_info, unloader_pid)),
-                std::as_bytes(std::span(&who, 1)));
-}
-
-// The controller recorded as unloading (record_unloader) still lives.
-bool unloader_alive(const Unloader& who) {
-  if (who.pid <= 0) return false;
-  auto st = procfs::read_stat(who.pid);
-  return st && st->start_time == who.start && st->state != 'Z';
-}
-bool unloader_alive(const remora_agent_info& info) {
-  return info.version >= 8 && unloader_alive(Unloader{info.unloader_pid, 0, info.unloader_start});
-}
-
-Error being_unloaded_by(pid_t pid, int32_t unloader) {
-  return Error(Errc::kAlreadyAttached, "the agent in process " + std::to_string(pid) +
-                                           " is being unloaded by remora pid " + std::to_string(unloader) +
-                                           ", which is still at it: let it finish (remora status -p " +
-                                           std::to_string(pid) + " shows when the agent is gone)");
-}
-
-// Under the second look's freeze, which holds every thread of the process
-// (two controllers' freezes exclude each other: a thread has one tracer at
-// most): the dlclose is ours unless another living controller is recorded
-// as the unloader; then it is recorded as ours. Two dlcloses of one handle
-// would free the agent's link_map twice in the target's loader.
-Result<void> claim_unload(remote::Target& t, pid_t pid, uint64_t info_at, uint32_t version) {
-  if (version < 8) return ok();  // no unloader recorded before protocol 8
-  Unloader who{};
-  REMORA_TRY_CTX(t.read(RemoteAddr(info_at + offsetof(remora_agent_info, unloader_pid)),
-                        std::as_writable_bytes(std::span(&who, 1))),
-                 "read who unloads the agent");
-  if (who.pid != ::getpid() && unloader_alive(who)) return being_unloaded_by(pid, who.pid);
-  record_unloader(t, info_at, REMORA_AGENT_PROTOCOL_VERSION);
-  return ok();
 }
 
 }  // namespace
@@ -198,9 +111,8 @@ Result<void> unload_fork_handlers(remote::Target& t, pid_t pid, const AgentSymbo
 }
 
 // The second look: every thread stopped, none in the code the dlclose
-// unmaps, none counted inside a tool or the agent; and the dlclose ours.
-Result<void> prove_unload_safe(remote::Target& t, pid_t pid, uint64_t info_at, uint32_t version,
-                               const UnloadPlan& plan, const Deadline& deadline) {
+// unmaps, none counted inside a tool or the agent.
+Result<void> prove_unload_safe(pid_t pid, const UnloadPlan& plan, const Deadline& deadline) {
   Backoff backoff;
   for (int looks = 1;; ++looks) {
     std::string why;
@@ -209,7 +121,7 @@ Result<void> prove_unload_safe(remote::Target& t, pid_t pid, uint64_t info_at, u
       why = frozen->why_not_stopped();
       if (why.empty()) {
         auto verdict = judge(plan, frozen->threads(), REMORA_TRY(frozen->counts(plan)));
-        if (verdict.proven) return claim_unload(t, pid, info_at, version);
+        if (verdict.proven) return ok();
         why = verdict.why;
       }
     }
@@ -239,7 +151,7 @@ Result<void> dlclose_agent(remote::Target& t, pid_t pid, const AgentSymbols& age
   REMORA_TRY(t.close());
   REMORA_TRY_CTX(wait_thread_gone(pid, info.listener_tid, deadline),
                  "wait for the agent's listener to return");
-  REMORA_TRY(prove_unload_safe(t, pid, agent.info, info.version, plan, deadline));
+  REMORA_TRY(prove_unload_safe(pid, plan, deadline));
   const uint32_t go = 1, no = 0;
   const RemoteAddr go_at(agent.info + offsetof(remora_agent_info, unload_go));
   REMORA_TRY_CTX(t.write(go_at, std::as_bytes(std::span(&go, 1))), "tell the agent the unload is proven");
@@ -280,7 +192,6 @@ Result<void> dlclose_agent(remote::Target& t, pid_t pid, const AgentSymbols& age
 Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbols& agent,
                                   remora_agent_info info, std::chrono::milliseconds timeout) {
   Deadline deadline = Deadline::after(timeout);
-  const uint64_t base = agent_base(pid);
   // Before protocol 7 the agent's unload dlclosed its tools while the other
   // threads ran: never called. Its tools are detached, and it stays.
   if ((info.features & REMORA_AGENT_FEATURE_UNLOAD) == 0 || agent.unload_fn == 0 ||
@@ -295,72 +206,22 @@ Result<UnloadReport> unload_agent(remote::Target& t, pid_t pid, const AgentSymbo
                      ") was loaded by an older Remora, whose unload cannot be proven safe, and stays loaded; "
                      "its tools are detached. Only a restart of the process removes it");
   }
-  // Exactly one controller goes on to the agent's dlclose: the one whose
-  // remora_agent_unload took the tools out (the agent refuses a second one,
-  // UNLOADING). Two dlcloses of one handle would free the agent's link_map
-  // twice in the target's loader.
-  bool ours = false;
   if (!info.unloading) {
-    CallOptions on_listener{info.listener_tid, timeout};
-    on_listener.wait_for_thread = timeout;
-    auto rc = call_on_listener(t, agent.unload_fn, {}, on_listener);
-    // A listener gone meanwhile left for another controller's unload.
-    if (!rc && rc.error().code() == Errc::kTimedOut)
-      return Error(Errc::kTimedOut, rc.error().to_string() +
-                                        ": the tools' detach and finalisation go on in the process; run remora "
-                                        "detach --unload -p " +
-                                        std::to_string(pid) + " again to finish the unload once they are done")
-          .with_context("unload the tools");
-    if (!rc && rc.error().code() != Errc::kNoSuchProcess)
-      return std::move(rc).error().with_context("unload the tools");
-    const int code = rc ? static_cast<int32_t>(rc->value) : REMORA_AGENT_ERR_UNLOADING;
-    ours = code == REMORA_AGENT_OK;
-    if (!ours && code != REMORA_AGENT_ERR_UNLOADING) {
-      info = REMORA_TRY(read_info(t, agent.info));
-      info.message[sizeof info.message - 1] = '\0';
-      return Error(errc_for_agent(code), info.message).with_context("unload the tools");
-    }
-    if (ours) {
-      record_unloader(t, agent.info, info.version);
-      info = REMORA_TRY(read_info(t, agent.info));
-    }
-  }
-  if (!ours && unloader_alive(info)) {
-    // Another controller's unload, under way: it dlcloses the agent. One
-    // still unfinished at our deadline (its controller hangs between its
-    // steps) is left to it all the same; one whose controller died is
-    // finished here.
-    (void)t.close();
-    if (agent_gone_by(t, pid, base, agent.info, deadline))
-      return Error(
-          Errc::kNotAttached,
-          "the agent in process " + std::to_string(pid) +
-              " was unloaded by another controller meanwhile (remora detach --unload): nothing is left "
-              "to detach or unload");
+    auto rc = t.call(RemoteAddr(agent.unload_fn), {}, CallOptions{info.listener_tid, timeout});
+    if (!rc) return std::move(rc).error().with_context("unload the tools");
     info = REMORA_TRY(read_info(t, agent.info));
-    // A fresh agent loaded since (at the same address) is not ours to take.
-    if (info.magic != REMORA_AGENT_MAGIC || info.unloading == 0)
-      return Error(
-          Errc::kNotAttached,
-          "the agent in process " + std::to_string(pid) +
-              " was unloaded by another controller meanwhile (remora detach --unload), and loaded afresh "
-              "since: nothing of the unload is left to do");
-    if (unloader_alive(info)) return being_unloaded_by(pid, info.unloader_pid);
-    deadline = Deadline::after(timeout);  // the wait was not the finish's time
+    if (static_cast<int32_t>(rc->value) != REMORA_AGENT_OK) {
+      info.message[sizeof info.message - 1] = '\0';
+      return Error(errc_for_agent(static_cast<int32_t>(rc->value)), info.message)
+          .with_context("unload the tools");
+    }
   }
-  if (!ours) REMORA_LOG(kAttach, "pid %d: finishing an unload another controller left unfinished", pid);
   info.kept[sizeof info.kept - 1] = '\0';
   UnloadReport report;
   report.kept_tools = split_list(info.kept);
   REMORA_TRY_CTX(dlclose_agent(t, pid, agent, info, deadline), "unload the agent");
   auto maps = REMORA_TRY(procfs::read_maps(pid));
-  // Still there is still ours only while its block says it is unloading:
-  // another controller's attach may have loaded a fresh agent since, even
-  // at the same address.
-  remora_agent_info after{};
-  if (base != 0 && agent_base(pid) == base &&
-      t.read(RemoteAddr(agent.info), std::as_writable_bytes(std::span(&after, 1))) &&
-      after.magic == REMORA_AGENT_MAGIC && after.unloading != 0)
+  if (remote::find_library(pid, maps, kAgentName))
     return Error(Errc::kInternal, std::string("the agent's dlclose returned 0 but ") + kAgentName +
                                       " is still mapped (another library of the process holds it?)")
         .with_context("unload the agent");

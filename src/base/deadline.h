@@ -13,10 +13,6 @@ class Deadline {
   static Deadline never() { return Deadline(Clock::time_point::max()); }
 
   bool expired() const { return Clock::now() >= at_; }
-  // The same deadline, `d` later (time spent waiting that must not count).
-  Deadline extended_by(std::chrono::nanoseconds d) const {
-    return at_ >= Clock::time_point::max() - d ? never() : Deadline(at_ + d);
-  }
   Clock::time_point at() const { return at_; }
   std::chrono::nanoseconds remaining() const {
     auto now = Clock::now();

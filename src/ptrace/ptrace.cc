@@ -11,10 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -108,8 +106,8 @@ std::string describe_task(pid_t tid) {
 
 }  // namespace
 
-Result<void> seize(pid_t pid, pid_t tid, unsigned long options, std::chrono::milliseconds wait_for_holder) {
-  const auto grace = Deadline::after(wait_for_holder.count() > 0 ? wait_for_holder : kControllerGrace);
+Result<void> seize(pid_t pid, pid_t tid, unsigned long options) {
+  const auto grace = Deadline::after(kPassingTracerGrace);
   int untraced_refusals = 0;
   for (;;) {
     auto r = request(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void*>(options));
@@ -121,32 +119,17 @@ Result<void> seize(pid_t pid, pid_t tid, unsigned long options, std::chrono::mil
           "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " no longer exists", err);
     if (err != EPERM) return diagnose_attach_failure(pid, err);
     auto st = procfs::read_status(pid, tid);
-    // A thread on its way out refuses a seize with EPERM too (the kernel's
-    // ptrace_attach): it is gone for every purpose of ours.
-    if (!st || st->state == 'Z' || st->state == 'X') {
-      if (!st && ::kill(pid, 0) != 0 && errno == ESRCH) return diagnose_attach_failure(pid, ESRCH);
-      if (!st || tid != pid)
-        return Error(Errc::kNoSuchProcess,
-                     "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " is exiting",
-                     err);
-    }
+    if (!st) return diagnose_attach_failure(pid, err);
     // Untraced by now: either a passing tracer (another controller's call)
     // left between the seize and the read, and the next seize succeeds, or
     // a rule refuses us, and it refuses again at once.
     if (st->tracer_pid == 0) {
       if (++untraced_refusals < 3) continue;
-      if (tid != pid && !procfs::read_status(pid, tid))
-        return Error(
-            Errc::kNoSuchProcess,
-            "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " no longer exists",
-            err);
       return diagnose_attach_failure(pid, err);
     }
     // Another tracer holds this thread: wait out one that is only passing
     // (another controller's call), then try again.
-    if (!grace.expired() && (wait_for_holder.count() > 0 ? wait_until_untraced(pid, tid, grace)
-                                                         : wait_out_tracer(pid, tid, grace)))
-      continue;
+    if (!grace.expired() && wait_until_untraced(pid, tid, grace)) continue;
     if (tid == pid) return diagnose_attach_failure(pid, err);
     return Error(Errc::kTracedByOther,
                  "thread " + std::to_string(tid) + " of process " + std::to_string(pid) + " is traced by " +
@@ -158,48 +141,13 @@ Result<void> seize(pid_t pid, pid_t tid, unsigned long options, std::chrono::mil
 }
 
 bool wait_until_untraced(pid_t pid, pid_t tid, const Deadline& deadline) {
-  for (long nap = 200'000;; nap = std::min<long>(nap * 2, 5'000'000)) {
+  for (;;) {
     auto st = procfs::read_status(pid, tid);
     if (!st || st->tracer_pid == 0) return true;
     if (st->tracer_pid == static_cast<pid_t>(::gettid())) return false;
     if (deadline.expired()) return false;
-    timespec ts{0, nap};
+    timespec ts{0, 200'000};
     nanosleep(&ts, nullptr);
-  }
-}
-
-bool is_remora_controller(pid_t tracer) {
-  const std::string dir = "/proc/" + std::to_string(tracer);
-  if (auto comm = procfs::read_text(dir + "/comm"); comm && trim(*comm) == "remora") return true;
-  char exe[PATH_MAX];
-  const ssize_t n = ::readlink((dir + "/exe").c_str(), exe, sizeof exe - 1);
-  if (n > 0) {
-    std::string_view path(exe, static_cast<size_t>(n));
-    if (path.substr(path.rfind('/') + 1) == "remora") return true;
-  }
-  return false;
-}
-
-bool wait_out_tracer(pid_t pid, pid_t tid, const Deadline& for_controller) {
-  const auto grace = Deadline::after(kPassingTracerGrace);
-  if (wait_until_untraced(pid, tid, grace.at() < for_controller.at() ? grace : for_controller)) return true;
-  // Still held past the grace: only another Remora controller is waited for
-  // longer (each of its holds ends with its call; a debugger's does not). A
-  // new holder is judged anew each time the thread changes hands.
-  for (;;) {
-    auto st = procfs::read_status(pid, tid);
-    if (!st || st->tracer_pid == 0) return true;
-    if (st->tracer_pid == static_cast<pid_t>(::gettid()) || !is_remora_controller(st->tracer_pid))
-      return false;
-    if (for_controller.expired()) return false;
-    const pid_t holder = st->tracer_pid;
-    // Until this holder lets go (or the bound passes); then look again.
-    for (long nap = 200'000;; nap = std::min<long>(nap * 2, 5'000'000)) {
-      auto now = procfs::read_status(pid, tid);
-      if (!now || now->tracer_pid != holder || for_controller.expired()) break;
-      timespec ts{0, nap};
-      nanosleep(&ts, nullptr);
-    }
   }
 }
 
@@ -650,7 +598,7 @@ Result<procfs::Status> precheck_open(pid_t pid) {
   }
   // Another controller's call holds a thread only for a moment: wait it out
   // before refusing, so that two controllers can open a process at once.
-  if (ptrace::wait_out_tracer(pid, 0, Deadline::after(kControllerGrace))) {
+  if (ptrace::wait_until_untraced(pid, 0, Deadline::after(kPassingTracerGrace))) {
     // Seen untraced within the grace: the tracer was passing. Read again
     // (the process may have changed or ended meanwhile), but do not refuse
     // for a tracer seen now: another controller's next call may already hold

@@ -27,13 +27,8 @@ using Regs = arch::HostRegs;
 
 // PTRACE_SEIZE with `options` (PTRACE_O_*). Never PTRACE_O_EXITKILL: the
 // target must survive the controller's death. Failures are diagnosed (see
-// diagnose_attach_failure). A thread another tracer holds is waited for:
-// with `wait_for_holder` non-zero, any tracer for up to that long (a thread
-// only Remora controllers call, the agent's listener); otherwise one that
-// is the remora command (is_remora_controller) for kControllerGrace and any
-// other for kPassingTracerGrace. Then Errc::kTracedByOther names the tracer.
-Result<void> seize(pid_t pid, pid_t tid, unsigned long options,
-                   std::chrono::milliseconds wait_for_holder = std::chrono::milliseconds(0));
+// diagnose_attach_failure).
+Result<void> seize(pid_t pid, pid_t tid, unsigned long options);
 Result<void> interrupt(pid_t tid);
 Result<void> detach(pid_t tid, int sig = 0);
 Result<void> cont(pid_t tid, int sig = 0);
@@ -168,29 +163,12 @@ Error diagnose_attach_failure(pid_t pid, int err);
 // thread counts as taken. Another controller's remote call holds a thread for
 // well under a millisecond; a debugger holds it until it detaches.
 inline constexpr std::chrono::milliseconds kPassingTracerGrace{250};
-// How long a tracer that is another Remora controller is waited out by
-// default: it holds a thread only for one call at a time, but on a loaded
-// machine (many controllers on two cores) a call may take far longer than
-// the grace, and failing then would make the outcome depend on the
-// machine's speed. Bounded all the same: a controller that is stopped
-// (SIGSTOP) holds the thread for good.
-inline constexpr std::chrono::milliseconds kControllerGrace{10000};
-
-// Whether thread `tracer` (a TracerPid) belongs to the remora command (its
-// executable's or thread's name). Read from /proc; false when unreadable.
-// (A program that uses the C API cannot be told from a debugger that
-// loaded libremora.so, or a fork of such a program that traces for good.)
-bool is_remora_controller(pid_t tracer);
 
 // Waits until no tracer holds thread `tid` of `pid` (tid 0: the process's
 // main thread), or `deadline` passes. True when the thread is free (or gone);
 // false when a tracer still holds it, or when the tracer is the calling
-// thread itself, which waiting cannot free. The polls back off from 200 us
-// to 5 ms.
+// thread itself, which waiting cannot free.
 bool wait_until_untraced(pid_t pid, pid_t tid, const Deadline& deadline);
-// The same, waiting for a tracer that is the remora command until
-// `for_controller` passes and for any other for kPassingTracerGrace.
-bool wait_out_tracer(pid_t pid, pid_t tid, const Deadline& for_controller);
 
 // The one pre-check for "can this process be opened" (remote::Target::open
 // and control::Process::open). Reads /proc/PID/status and refuses, each with
@@ -201,8 +179,7 @@ bool wait_out_tracer(pid_t pid, pid_t tid, const Deadline& for_controller);
 //   kZombie           the process has exited and awaits its parent's wait
 //   kKernelThread     a kernel thread ("Kthread:" line, else PF_KTHREAD)
 //   kTracedByOther    another tracer (a passing one is waited out for
-//                     kPassingTracerGrace first, another Remora controller
-//                     for kControllerGrace), or another handle of this
+//                     kPassingTracerGrace first), or another handle of this
 //                     controller (errno EBUSY)
 //   kPtraceDenied     precheck_attach's refusals
 // Returns the status it read (read again after waiting out a tracer).

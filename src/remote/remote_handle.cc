@@ -1,7 +1,5 @@
 #include "remote/remote_handle.h"
 
-#include <sys/stat.h>
-
 #include <string>
 #include <utility>
 
@@ -9,28 +7,14 @@
 
 namespace remora::remote {
 
-std::optional<RemoteHandle::Identity> RemoteHandle::identify(pid_t pid, int fd) {
-  struct stat st {};
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  if (fd < 0 || ::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return Identity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-}
-
-RemoteHandle RemoteHandle::fd(Target& target, int fd, const CallOptions& opts, std::optional<Identity> as) {
+RemoteHandle RemoteHandle::fd(Target& target, int fd, const CallOptions& opts) {
   RemoteHandle h;
   if (fd < 0) return h;
   h.target_ = &target;
   h.kind_ = Kind::kFd;
   h.fd_ = fd;
-  h.ident_ = as ? as : identify(target.pid(), fd);
   h.opts_ = opts;
   return h;
-}
-
-bool RemoteHandle::still_ours() const {
-  if (fd() < 0 || !ident_) return false;
-  auto now = identify(target_->pid(), fd_);
-  return now && *now == *ident_;
 }
 
 RemoteHandle RemoteHandle::mapping(Target& target, const Target::Mapping& m, const CallOptions& opts) {
@@ -55,7 +39,6 @@ RemoteHandle::RemoteHandle(RemoteHandle&& other) noexcept
     : target_(std::exchange(other.target_, nullptr)),
       kind_(other.kind_),
       fd_(other.fd_),
-      ident_(other.ident_),
       map_(other.map_),
       opts_(other.opts_) {}
 
@@ -65,7 +48,6 @@ RemoteHandle& RemoteHandle::operator=(RemoteHandle&& other) noexcept {
     target_ = std::exchange(other.target_, nullptr);
     kind_ = other.kind_;
     fd_ = other.fd_;
-    ident_ = other.ident_;
     map_ = other.map_;
     opts_ = other.opts_;
   }
@@ -79,13 +61,6 @@ Result<void> RemoteHandle::reset() {
   Target* t = std::exchange(target_, nullptr);
   if (!t) return ok();
   if (kind_ == Kind::kFd) {
-    // Only while the number still names what we made (see the header).
-    auto now = identify(t->pid(), fd_);
-    if (!ident_ || !now || !(*now == *ident_))
-      return Error(Errc::kIo, "descriptor " + std::to_string(fd_) + " of process " +
-                                  std::to_string(t->pid()) +
-                                  " no longer names the object Remora made there (closed or reused by "
-                                  "someone else): left alone");
     CallArg args[] = {CallArg::integer(static_cast<uint64_t>(fd_))};
     auto r = t->call_symbol("libc.so.6", "close", args, opts_);
     const std::string what =

@@ -51,8 +51,6 @@ CallArg CallArg::buffer(std::span<const std::byte> b) {
   return CallArg{Kind::kBytes, 0, std::vector<std::byte>(b.begin(), b.end())};
 }
 
-CallArg CallArg::out(size_t size) { return CallArg{Kind::kOut, 0, std::vector<std::byte>(size)}; }
-
 // The session state (Target::Impl) is in remote/target_impl.h.
 
 std::string process_str(pid_t pid, pid_t ns_pid) {
@@ -101,7 +99,6 @@ Result<std::unique_ptr<Target>> Target::open(pid_t pid) {
   im.dispositions_read = Impl::Clock::now();
   auto auxv = REMORA_TRY_CTX(procfs::read_auxv(pid), "open process " + p);
   im.at_phdr = procfs::auxv_get(auxv, AT_PHDR).value_or(0);
-  im.at_random = procfs::auxv_get(auxv, AT_RANDOM).value_or(0);
   // No program interpreter: a statically linked program (AT_BASE is the
   // interpreter's load address, 0 when there is none).
   im.is_static = procfs::auxv_get(auxv, AT_BASE).value_or(0) == 0;
@@ -128,31 +125,11 @@ void Target::note_descendant_thread(pid_t tid) {
 
 bool Target::is_static() const { return impl_->is_static; }
 
-bool Target::execed_since_open() const {
-  auto auxv = procfs::read_auxv(pid_);
-  if (!auxv) return true;  // gone, or not readable: not the image we opened
-  return procfs::auxv_get(*auxv, AT_RANDOM).value_or(0) != impl_->at_random;
-}
-
 Target::~Target() { (void)close(); }
-
-// Session memory is private to this controller: never the agent's buffer
-// (an adopted scratch), which every controller of the process shares, so
-// that another's call could overwrite what this session keeps there (two
-// controllers starting a listener wrote their loader blocks at the same
-// address). The adopted stubs are forgotten, and the first allocation maps
-// a scratch of our own, whose stubs serve the session from then on.
-void Target::Impl::own_session_memory() {
-  if (!scratch || scratch_owned) return;
-  scratch.reset();
-  data_base = data_size = 0;
-  session_used = 0;
-}
 
 Result<RemoteAddr> Target::scratch_alloc(size_t size, const CallOptions& opts) {
   std::lock_guard lock(impl_->mu);
   uint64_t rounded = (static_cast<uint64_t>(size) + 15) & ~uint64_t{15};
-  impl_->own_session_memory();
   REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   const uint64_t area = session_area(impl_->data_size);
   if (rounded > area - impl_->session_used)
@@ -179,9 +156,7 @@ Result<void> Target::adopt_scratch(RemoteAddr code, RemoteAddr data, size_t data
   std::optional<uint64_t> own;
   {
     std::lock_guard lock(impl_->mu);
-    // (A call let go may still run in our own scratch: it stays mapped.)
-    if (impl_->scratch && impl_->scratch_owned && !impl_->scratch_in_flight) own = impl_->scratch_base;
-    impl_->scratch_in_flight = false;
+    if (impl_->scratch && impl_->scratch_owned) own = impl_->scratch_base;
     impl_->scratch = code.addr();
     impl_->data_base = data.addr();
     impl_->data_size = data_size;
@@ -354,37 +329,26 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
   std::lock_guard lock(impl_->mu);
   std::array<uint64_t, 6> regs{};
   uint64_t total = 0;
-  bool outputs = false;
-  for (const auto& a : args) {
-    if (a.kind != CallArg::Kind::kInteger) total += (a.bytes.size() + 15) & ~uint64_t{15};
-    outputs |= a.kind == CallArg::Kind::kOut;
-  }
+  for (const auto& a : args)
+    if (a.kind == CallArg::Kind::kBytes) total += (a.bytes.size() + 15) & ~uint64_t{15};
   // Byte arguments of a usual size go on the called thread's own stack,
   // below the restore frame and in the same write, once the thread is
   // seized: a shared buffer (the agent's, which every controller of the
   // process uses) could be overwritten by another controller between the
-  // copy and the call. Outputs always go there, for the same reason.
+  // copy and the call.
   if (total <= kStackArgsMax) {
     std::vector<Impl::StackArg> on_stack;
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i].kind == CallArg::Kind::kInteger)
         regs[i] = args[i].value;
       else
-        on_stack.push_back({i, args[i].bytes, args[i].kind == CallArg::Kind::kOut});
+        on_stack.push_back({i, args[i].bytes});
     }
-    impl_->wait_for_thread = opts.wait_for_thread;
-    impl_->let_finish = opts.let_finish;
     impl_->running_grace = opts.running_grace;
     auto r = impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout, on_stack);
-    impl_->wait_for_thread = std::chrono::milliseconds(0);
-    impl_->let_finish = false;
     impl_->running_grace = {};
     return r;
   }
-  if (outputs)
-    return Error(Errc::kInvalidArgument, "the arguments and outputs of a call total " +
-                                             std::to_string(total) + " bytes; with an output, at most " +
-                                             std::to_string(kStackArgsMax) + " fit");
   // Larger ones go into the scratch data area; it must exist first.
   REMORA_TRY(impl_->ensure_scratch(opts.tid, opts.timeout));
   const uint64_t room = impl_->data_size - session_area(impl_->data_size);
@@ -402,12 +366,8 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
     cursor += (args[i].bytes.size() + 15) & ~uint64_t{15};
   }
   impl_->data_args_end = cursor;
-  impl_->wait_for_thread = opts.wait_for_thread;
-  impl_->let_finish = opts.let_finish;
   impl_->running_grace = opts.running_grace;
   auto r = impl_->run(opts.tid, false, fn.addr(), regs, opts.timeout);
-  impl_->wait_for_thread = std::chrono::milliseconds(0);
-  impl_->let_finish = false;
   impl_->running_grace = {};
   impl_->data_args_end = 0;
   return r;
@@ -416,7 +376,6 @@ Result<CallReport> Target::call(RemoteAddr fn, std::span<const CallArg> args, co
 Result<CallReport> Target::call_prepared(const Prepare& prepare, const CallOptions& opts) {
   std::lock_guard lock(impl_->mu);
   Impl& im = *impl_;
-  im.own_session_memory();  // what `prepare` writes outlives the call: ours alone
   if (!im.scratch) {
     // The scratch's creation, then its setup routine going on to this
     // call, on one thread in one transaction (Transaction::prepare_next),
@@ -454,17 +413,6 @@ Result<void> Target::close() {
     impl_->session_used = 0;
     return ok();
   }
-  if (impl_->scratch_in_flight) {
-    // A call that overran its deadline may still run in it (Transaction::
-    // let_go): left mapped, as a controller that died would leave it; the
-    // next controller to open the process removes it once nothing runs
-    // there (remote/scratch.h).
-    impl_->scratch.reset();
-    impl_->scratch_owned = false;
-    impl_->scratch_in_flight = false;
-    impl_->session_used = 0;
-    return ok();
-  }
   uint64_t base = impl_->scratch_base;
   // munmap runs through libc's syscall() gadget, never from the scratch page
   // it removes: a thread whose controller died right after the munmap must
@@ -497,14 +445,6 @@ Result<pid_t> Target::Impl::pick_thread() {
     if (!st) return -1;
     seccomp_guard.note_status(tid, st->seccomp);
     strict_seen = st->seccomp == SECCOMP_MODE_STRICT;
-    // Held by another tracer (another controller's call): chosen last, so
-    // that controllers calling at once each take a thread of their own
-    // rather than wait for one another.
-    if (st->tracer_pid != 0) return 0;
-    // The agent's threads (its listener, lease watcher, channel thread) are
-    // every controller's: an application thread serves a plain call.
-    if (st->name.rfind("remora-", 0) == 0)
-      return std::string_view("SRtT").find(st->state) != std::string_view::npos ? 1 : -1;
     switch (st->state) {
       case 'S': {
         auto sc = procfs::read_syscall(pid, tid);

@@ -60,13 +60,8 @@ namespace remora::remote {
 // frame, written once the thread is seized (so that no other controller of
 // the process can overwrite them); more go into the scratch mapping. Either
 // way they are inputs: the copy is gone once the call returns.
-// An output (CallArg::out) is room of its own on the called thread's stack,
-// zeroed, whose address is passed and whose bytes come back in the call's
-// report: what the function writes there is private to this call, where a
-// shared buffer (the agent's, which every controller of the process uses)
-// could be overwritten by another controller before it is read.
 struct CallArg {
-  enum class Kind { kInteger, kBytes, kOut };
+  enum class Kind { kInteger, kBytes };
   Kind kind = Kind::kInteger;
   uint64_t value = 0;
   std::vector<std::byte> bytes;
@@ -75,16 +70,13 @@ struct CallArg {
   // A NUL-terminated copy of `s`.
   static CallArg string(std::string_view s);
   static CallArg buffer(std::span<const std::byte> b);
-  // `size` bytes the function may write (at most 16 KiB with the byte
-  // arguments): read back into CallReport::out.
-  static CallArg out(size_t size);
 };
 
 struct CallOptions {
   // Thread to use; 0 lets Remora choose (it prefers a thread blocked in a
   // restartable system call, and avoids threads in uninterruptible sleep).
   pid_t tid = 0;
-  // Deadline for the call, from the seize to the release.
+  // Deadline for the whole call, seize to release.
   std::chrono::milliseconds timeout{5000};
   // At the deadline a function call is taken back wherever it is: inside a
   // lock it took, that lock would stay taken for good. With a grace, a call
@@ -92,20 +84,6 @@ struct CallOptions {
   // this much longer; one waiting (on a lock held by a stopped thread,
   // holding none itself, as the caller knows) is taken back at once.
   std::chrono::milliseconds running_grace{0};
-  // How long to wait, before that deadline starts, while another tracer
-  // holds `tid`: for a thread every controller of the process shares (the
-  // agent's listener), whose holder is another controller in the middle of
-  // a call of its own. 0: the remora command is waited for as long as
-  // ptrace::kControllerGrace, any other tracer only for the short grace of
-  // a passing one (ptrace::kPassingTracerGrace); then Errc::kTracedByOther.
-  std::chrono::milliseconds wait_for_thread{0};
-  // A function that overruns the deadline is left to finish by itself (its
-  // thread restores itself through the call's frame when it returns, as
-  // when the controller dies mid-call) rather than taken back where it is:
-  // for functions that must never be cut short, such as the agent's entry
-  // points, which hold its lock or join its threads. The call still fails
-  // with Errc::kTimedOut. (Only where the frame is exact; else taken back.)
-  bool let_finish = false;
 };
 
 // What a call observed, beyond its return value.
@@ -116,8 +94,6 @@ struct CallReport {
   // Ptrace stops the call took: 2 for a marked call (the interrupt, the
   // marker), however many system calls the function made.
   int stops = 0;
-  // The bytes of each CallArg::out, in the order of the arguments.
-  std::vector<std::vector<std::byte>> out;
 };
 
 class Transaction;
@@ -143,9 +119,6 @@ class Target {
   // No program interpreter (AT_BASE is 0, as read at open): a statically
   // linked program, in which Remora cannot call libc.
   bool is_static() const;
-  // The process has exec'ed since open (its auxv's AT_RANDOM, an address
-  // on the stack each exec makes anew, differs), or is gone.
-  bool execed_since_open() const;
   // The pid as the target sees itself (last NSpid entry); == pid() outside namespaces.
   pid_t ns_pid() const { return ns_pid_; }
   // `tid` is a thread the process made from the one our calls last ran on
@@ -230,8 +203,6 @@ class Target {
   // Allocates `size` bytes (16-aligned) of session memory in the scratch
   // mapping, valid until close(); creates the scratch if needed. For data
   // that must outlive one call (a block a new target thread works on).
-  // Never in an adopted scratch, which other controllers share: a scratch
-  // of our own is made first (and serves the session's calls from then on).
   Result<RemoteAddr> scratch_alloc(size_t size, const CallOptions& opts = {});
   // Address of the thread trampoline in the scratch code (see
   // arch::x86_64::Stub::kThreadTrampoline); creates the scratch if needed.

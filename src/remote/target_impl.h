@@ -64,7 +64,6 @@ struct Target::Impl {
   Memory mem;
   UniqueFd pidfd;
   uint64_t at_phdr = 0;
-  uint64_t at_random = 0;  // AT_RANDOM at open: its stack's random bytes, new with every exec
   bool is_static = false;
   std::optional<uint64_t> scratch;  // address of the stub code
   uint64_t scratch_base = 0;        // our own mapping's start (its header), while scratch_owned
@@ -123,21 +122,12 @@ struct Target::Impl {
   // stays above it.
   uint64_t data_args_end = 0;
   bool stack_refused = false;  // the last place_frame refused the thread's stack, changing nothing
-  // The call in flight's CallOptions::wait_for_thread (the seize's wait for
-  // another controller holding the thread; not counted in the deadline).
-  std::chrono::milliseconds wait_for_thread{0};
-  bool let_finish = false;  // ... and its CallOptions::let_finish
-  // A call on our own scratch timed out and was let go (Transaction::let_go):
-  // its thread may still run in the scratch, which close() must then leave
-  // mapped (a later controller's reclaim removes it once nothing runs there).
-  bool scratch_in_flight = false;
   // Recursive: Target::call_prepared's `prepare` writes the new scratch
   // through Target's own methods while its transaction holds the lock.
   std::recursive_mutex mu;
 
   explicit Impl(Memory m) : mem(std::move(m)) {}
 
-  void own_session_memory();  // Target::scratch_alloc
   Result<Gadgets> find_gadgets();
   Result<pid_t> pick_thread();
   Result<std::vector<procfs::MapEntry>> maps_for_lookup();
@@ -176,7 +166,6 @@ struct Target::Impl {
   struct StackArg {
     size_t reg;
     std::span<const std::byte> bytes;
-    bool out = false;  // CallArg::out: read back into the report after the call
   };
   // `then` (with the setup request only): the call the new scratch's setup
   // routine goes on to (Target::call_prepared; Transaction::prepare_next).

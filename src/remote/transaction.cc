@@ -105,14 +105,9 @@ void Transaction::release() {
 Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::array<uint64_t, 6> args,
                                     std::span<const Target::Impl::StackArg> on_stack,
                                     const Target::Prepare* then) {
-  REMORA_TRY_CTX(im_.seccomp_guard.before_seize(im_.pid, tid_), process_str(im_.pid, im_.ns_pid));
-  // Waiting for a thread another controller holds (CallOptions::
-  // wait_for_thread) is not the call's time: the deadline starts once the
-  // thread is ours.
-  const auto waited_from = Clock::now();
-  REMORA_TRY_CTX(ptrace::seize(im_.pid, tid_, PTRACE_O_TRACESYSGOOD, im_.wait_for_thread), "seize " + who_);
   const auto t0 = Clock::now();
-  deadline_ = deadline_.extended_by(t0 - waited_from);
+  REMORA_TRY_CTX(im_.seccomp_guard.before_seize(im_.pid, tid_), process_str(im_.pid, im_.ns_pid));
+  REMORA_TRY_CTX(ptrace::seize(im_.pid, tid_, PTRACE_O_TRACESYSGOOD), "seize " + who_);
   attached_ = true;
   auto steps = [&]() -> Result<uint64_t> {
     REMORA_TRY(stop());
@@ -156,22 +151,8 @@ Result<CallReport> Transaction::run(bool is_syscall, uint64_t fn_or_nr, std::arr
     release();
     return std::move(value).error().with_context(who_);
   }
-  // The outputs, still where the function wrote them: the thread has not
-  // run on since (it stands at its marker, or at the stub's rt_sigreturn).
-  std::vector<std::vector<std::byte>> outputs;
-  for (size_t i = 0; i < on_stack.size() && i < frame_.args.size(); ++i) {
-    if (!on_stack[i].out) continue;
-    std::vector<std::byte> bytes(on_stack[i].bytes.size());
-    if (auto r = im_.mem.read(frame_.args[i], bytes); !r) {
-      release();
-      return std::move(r).error().with_context("read the call's output " +
-                                               std::to_string(outputs.size() + 1) + " (" + who_ + ")");
-    }
-    outputs.push_back(std::move(bytes));
-  }
   release();
   CallReport report;
-  report.out = std::move(outputs);
   report.tid = tid_;
   report.value = *value;
   report.stops = stops_;
@@ -315,14 +296,6 @@ Result<void> Transaction::place_frame(const std::vector<size_t>& sizes, bool cre
     if (!im_.call_maps)
       fresh = REMORA_TRY_CTX(procfs::read_maps(im_.pid), "read the maps of " + process_str(im_.pid, im_.ns_pid));
     v = judge_stack_range(im_.call_maps ? *im_.call_maps : fresh, lo, sp);
-    if (v.room != StackRoom::kSafe && im_.call_maps) {
-      // The memo predates a mapping made since: a thread another controller
-      // just had the agent start runs on a stack the agent mapped after our
-      // last read of the maps. Judged again on fresh ones.
-      fresh =
-          REMORA_TRY_CTX(procfs::read_maps(im_.pid), "read the maps of " + process_str(im_.pid, im_.ns_pid));
-      v = judge_stack_range(fresh, lo, sp);
-    }
     if (v.room == StackRoom::kSafe) {
       im_.safe_stacks.add(v.run_lo, v.run_hi);
       return ok();
@@ -520,10 +493,6 @@ Result<uint64_t> Transaction::function_call(uint64_t fn, const std::array<uint64
   REMORA_TRY(ptrace::set_regs(tid_, a::call_regs(saved_.regs, fn, args, plan, stub, marker_, cookie_)));
   modified_ = true;
   if (direct) REMORA_TRY(ptrace::set_sigmask(tid_, ~uint64_t{0}));
-  // From here on a function that overruns the deadline is let go rather
-  // than taken back, when asked (CallOptions::let_finish) and where its
-  // frame restores the thread by itself.
-  can_let_go_ = im_.let_finish && frame_is_exact_ && !setup_call_;
   if (marker_ != 0) {
     auto value = REMORA_TRY(run_marked(a::call_return_end(stub, true)));
     if (modified_ && frame_is_exact_) modified_ = false;  // detached at rt_sigreturn's entry
@@ -678,9 +647,12 @@ Result<uint64_t> Transaction::run_marked(uint64_t stub_end) {
 // function that runs may hold a lock it took; one that waits on a lock the
 // caller knows of holds none).
 Result<bool> Transaction::runs_on_at_deadline() {
-  REMORA_TRY(stop_at_deadline());
-  if (graced_ || im_.running_grace.count() <= 0 || deadline_stop_ != ptrace::Stop::Kind::kInterrupt)
-    return false;
+  REMORA_TRY(ptrace::interrupt(tid_));
+  auto s = wait(Deadline::after(std::chrono::seconds(2)));
+  if (!s) return std::move(s).error();
+  if (is_exit(*s)) return gone(*s);
+  if (s->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s->sig)) pending_stop_ = s->sig;
+  if (graced_ || im_.running_grace.count() <= 0 || s->kind != ptrace::Stop::Kind::kInterrupt) return false;
   auto r = REMORA_TRY(ptrace::get_regs(tid_));
   if (a::syscall_nr(r) >= 0) return false;  // waiting in a system call
   graced_ = true;
@@ -689,57 +661,19 @@ Result<bool> Transaction::runs_on_at_deadline() {
   return true;
 }
 
-// Stops the thread where it runs, at a deadline. A signal that stopped it
-// instead of our interrupt is kept: a job-control stop for the release,
-// any other delivered at the detach (the thread's own, or the marker,
-// which the process ignores).
-Result<void> Transaction::stop_at_deadline() {
-  REMORA_TRY(ptrace::interrupt(tid_));
-  auto s = wait(Deadline::after(std::chrono::seconds(2)));
-  if (!s) return std::move(s).error();
-  if (is_exit(*s)) return gone(*s);
-  deadline_stop_ = s->kind;
-  if (s->kind == ptrace::Stop::Kind::kSignalDelivery) {
-    if (is_job_control_stop(s->sig))
-      pending_stop_ = s->sig;
-    else
-      detach_signal_ = s->sig;
-  }
-  return ok();
-}
-
-// The function did not return in time (`stopped`: the thread is stopped
-// already): take it back wherever it is, and abandon the call. Where the
-// frame restores the thread by itself, the function is let go instead
-// (let_go).
+// The function did not return in time: take the thread back wherever it is
+// (`stopped`: it is stopped already), and abandon the call.
 Error Transaction::take_back(bool stopped) {
   if (!stopped) {
-    if (auto st = stop_at_deadline(); !st) return std::move(st).error();
+    if (auto r = ptrace::interrupt(tid_); !r) return std::move(r).error();
+    auto s = wait(Deadline::after(std::chrono::seconds(2)));
+    if (!s) return std::move(s).error();
+    if (is_exit(*s)) return gone(*s);
+    if (s->kind == ptrace::Stop::Kind::kSignalDelivery && is_job_control_stop(s->sig)) pending_stop_ = s->sig;
   }
-  if (can_let_go_) return let_go();
   return Error(Errc::kTimedOut,
                "the remote call did not return within the deadline; the thread was taken back "
                "and restored (anything the function had done so far stays done)");
-}
-
-// The function did not return in time, and its frame is exact: the thread,
-// stopped at the deadline, is released where it runs, untouched, to finish
-// the function and restore itself through the frame's rt_sigreturn, exactly
-// as when its controller dies mid-call. Taking it back instead would cut the
-// function short wherever it is: inside the agent, with its lock held or a
-// thread half joined, which leaves the process harmed for every later call.
-// The scratch's busy mark stays (the call is in flight), and our own scratch
-// is then never removed by this session (Target::close leaves it; a later
-// controller's reclaim removes it once no thread runs there).
-Error Transaction::let_go() {
-  can_let_go_ = false;
-  modified_ = false;
-  restore_mask_ = false;
-  busy_marked_ = false;
-  if (im_.scratch_owned) im_.scratch_in_flight = true;
-  return Error(Errc::kTimedOut,
-               "the remote call did not return within the deadline; it was left to finish in the target, "
-               "where the thread restores itself once it returns");
 }
 
 Error Transaction::gone(const ptrace::Stop& s) {

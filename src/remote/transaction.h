@@ -84,9 +84,7 @@ class Transaction {
   Result<uint64_t> run_marked(uint64_t stub_end);
   void hold(int sig);
   Result<bool> runs_on_at_deadline();
-  Result<void> stop_at_deadline();
   Error take_back(bool stopped);
-  Error let_go();
   Error gone(const ptrace::Stop& s);
   Error fault_error(const siginfo_t& si) const;
 
@@ -95,7 +93,7 @@ class Transaction {
 
   Target::Impl& im_;
   const pid_t tid_;
-  Deadline deadline_;  // extended by the time the seize waited for another controller
+  const Deadline deadline_;
   const std::string who_;
   bool attached_ = false;
   bool modified_ = false;      // registers/mask changed: restore before release
@@ -105,7 +103,6 @@ class Transaction {
   int detach_signal_ = 0;  // a signal that waited for the call's end, delivered on detach
   int stops_ = 0;
   bool graced_ = false;  // the call ran on past the deadline (CallOptions::running_grace)
-  ptrace::Stop::Kind deadline_stop_ = ptrace::Stop::Kind::kInterrupt;  // the stop at the deadline
   Saved saved_;
   // The system call /proc reported before the stop, where the stop forgets
   // it (arch::host::kStopForgetsSyscall).
@@ -121,7 +118,6 @@ class Transaction {
   uint64_t result_slot_ = 0;            // where the marked stub writes result and cookie
   bool busy_marked_ = false;            // our scratch's header says this call is in flight
   bool setup_call_ = false;             // the call in flight is a new scratch's setup routine
-  bool can_let_go_ = false;             // a timeout lets the function finish by itself (let_go)
   bool next_call_ = false;              // ... which goes on to the prepared call (prepare_next)
   std::optional<Error> prepare_error_;  // the prepare that failed: the setup ran alone
   arch::host::FramePlan frame_;

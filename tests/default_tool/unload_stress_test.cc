@@ -112,11 +112,7 @@ void run_cycles(pid_t pid, int cycles, const std::string& out_dir, unsigned seed
         else
           ++t->finished_later;
       } else if (!u && u.error().code() == Errc::kTimedOut &&
-                 (u.error().to_string().find("stay loaded") != std::string::npos ||
-                  u.error().to_string().find("again to finish the unload") != std::string::npos)) {
-        // The proof not made in time, or (a loaded machine) the tools'
-        // finalisation not over in time, left to finish in the target: the
-        // next unload finishes it.
+                 u.error().to_string().find("stay loaded") != std::string::npos) {
         t->refusals.push_back(u.error().to_string());
       } else {
         t->failures.push_back("cycle " + std::to_string(i) +
