@@ -25,6 +25,7 @@ namespace remora::profile {
 namespace {
 
 using internal::Fields;
+using internal::read_list;
 using nlohmann::json;
 
 constexpr size_t kMaxManifestBytes = 64u << 20;  // a job of a million ranks is some 300 MB: refuse madness
@@ -70,23 +71,6 @@ JobRank read_rank(const json& j, const std::string& where, std::string* error) {
   f.str("end", &r.end);
   f.str("detach", &r.detach);
   return r;
-}
-
-// Each element of the array at `key`, an object, read by `read`.
-template <typename T, typename Read>
-std::vector<T> read_list(Fields& f, const char* key, Read read, std::string* error) {
-  std::vector<T> out;
-  const json* list = f.array(key);
-  if (list == nullptr) return out;
-  for (size_t i = 0; i < list->size(); ++i) {
-    const std::string at = std::string(key) + "[" + std::to_string(i) + "]";
-    if (!(*list)[i].is_object()) {
-      if (error->empty()) *error = at + " is not an object";
-      continue;
-    }
-    out.push_back(read((*list)[i], at, error));
-  }
-  return out;
 }
 
 json sample_json(const ClockSample& s) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -99,6 +100,25 @@ class Fields {
   std::string where_;
   std::string* error_;
 };
+
+// Each element of the array at `key` of `f`, an object, read by
+// read(element, "key[i]" as a path, error); an element that is no object is
+// an error (the first one is kept) and left out.
+template <typename T, typename Read>
+std::vector<T> read_list(Fields& f, const char* key, Read read, std::string* error) {
+  std::vector<T> out;
+  const json* list = f.array(key);
+  if (list == nullptr) return out;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string at = f.at(key) + "[" + std::to_string(i) + "]";
+    if (!(*list)[i].is_object()) {
+      if (error->empty()) *error = at + " is not an object";
+      continue;
+    }
+    out.push_back(read((*list)[i], at, error));
+  }
+  return out;
+}
 
 }  // namespace remora::profile::internal
 

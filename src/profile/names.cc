@@ -12,6 +12,7 @@ namespace remora::profile {
 namespace {
 
 using internal::Fields;
+using internal::read_list;
 using nlohmann::json;
 
 constexpr const char* kFormat = "remora-names 1";
@@ -64,22 +65,6 @@ Frame read_frame(const json& j, const std::string& where, std::string* error) {
   f.line = static_cast<uint32_t>(std::max(line, 0));
   f.kind = static_cast<FrameKind>(std::clamp(kind, 0, static_cast<int>(FrameKind::kTruncated)));
   return f;
-}
-
-// Each element of the array at `key`, an object, read by `read`.
-template <typename T, typename Read>
-std::vector<T> read_all(Fields& f, const char* key, std::string* error, Read read) {
-  std::vector<T> out;
-  if (const json* a = f.array(key))
-    for (size_t i = 0; i < a->size() && error->empty(); ++i) {
-      const std::string at = f.at(key) + "[" + std::to_string(i) + "]";
-      if (!(*a)[i].is_object()) {
-        *error = at + " is not an object";
-        break;
-      }
-      out.push_back(read((*a)[i], at));
-    }
-  return out;
 }
 
 bool is_file(const std::string& path) {
@@ -153,37 +138,44 @@ Result<NameTable> names_from_json(std::string_view text) {
   NameTable t;
   f.i64("realtime_offset_ns", &t.realtime_offset_ns);
   f.i32("pid", &t.pid);
-  t.objects = read_all<ObjectNaming>(f, "objects", &error, [&](const json& o, const std::string& at) {
-    ObjectNaming n;
-    Fields r(o, at, &error);
-    std::string level = "none";
-    r.str("path", &n.path);
-    r.str("build_id", &n.build_id);
-    r.str("level", &level);
-    if (!level_from_name(level, &n.level) && error.empty()) error = r.at("level") + " is no debug level";
-    return n;
-  });
-  t.addresses = read_all<NamedAddress>(f, "addresses", &error, [&](const json& o, const std::string& at) {
-    NamedAddress a;
-    Fields r(o, at, &error);
-    r.u64("pc", &a.pc);
-    r.boolean("return_address", &a.return_address);
-    r.boolean("tool", &a.tool);
-    r.i32("object", &a.object);
-    if ((a.object < -1 || a.object >= static_cast<int32_t>(t.objects.size())) && error.empty())
-      error = r.at("object") + " names no object";
-    a.frames = read_all<Frame>(r, "frames", &error, [&](const json& fr, const std::string& fat) {
-      return read_frame(fr, fat, &error);
-    });
-    return a;
-  });
-  t.warnings = read_all<ObjectWarning>(f, "warnings", &error, [&](const json& o, const std::string& at) {
-    ObjectWarning w;
-    Fields r(o, at, &error);
-    r.str("object", &w.object);
-    r.str("text", &w.text);
-    return w;
-  });
+  t.objects = read_list<ObjectNaming>(
+      f, "objects",
+      [&](const json& o, const std::string& at, std::string*) {
+        ObjectNaming n;
+        Fields r(o, at, &error);
+        std::string level = "none";
+        r.str("path", &n.path);
+        r.str("build_id", &n.build_id);
+        r.str("level", &level);
+        if (!level_from_name(level, &n.level) && error.empty()) error = r.at("level") + " is no debug level";
+        return n;
+      },
+      &error);
+  t.addresses = read_list<NamedAddress>(
+      f, "addresses",
+      [&](const json& o, const std::string& at, std::string*) {
+        NamedAddress a;
+        Fields r(o, at, &error);
+        r.u64("pc", &a.pc);
+        r.boolean("return_address", &a.return_address);
+        r.boolean("tool", &a.tool);
+        r.i32("object", &a.object);
+        if ((a.object < -1 || a.object >= static_cast<int32_t>(t.objects.size())) && error.empty())
+          error = r.at("object") + " names no object";
+        a.frames = read_list<Frame>(r, "frames", read_frame, &error);
+        return a;
+      },
+      &error);
+  t.warnings = read_list<ObjectWarning>(
+      f, "warnings",
+      [&](const json& o, const std::string& at, std::string*) {
+        ObjectWarning w;
+        Fields r(o, at, &error);
+        r.str("object", &w.object);
+        r.str("text", &w.text);
+        return w;
+      },
+      &error);
   if (const json* notes = f.array("notes"))
     for (const auto& n : *notes) {
       if (!n.is_string()) {

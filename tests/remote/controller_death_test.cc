@@ -59,8 +59,8 @@ class ControllerDeath : public IntegrationTest {
     const auto budget_end = std::chrono::steady_clock::now() + kRoundsBudget;
     for (int round = 0; round < kRounds; ++round) {
       if (round >= kMinRounds && std::chrono::steady_clock::now() > budget_end) {
-        printf("  stopped at %d of %d rounds: the %lld s budget is spent (a loaded machine)\n", round, kRounds,
-               static_cast<long long>(kRoundsBudget.count()));
+        printf("  stopped at %d of %d rounds: the %lld s budget is spent (a loaded machine)\n", round,
+               kRounds, static_cast<long long>(kRoundsBudget.count()));
         break;
       }
       auto caller = Spawned::start({bin_path("remora_caller"), std::to_string(pid)});
@@ -90,7 +90,8 @@ class ControllerDeath : public IntegrationTest {
     Report before = target.report();
     EXPECT_EQ(before.anomalies(), 0) << before.raw;
     EXPECT_EQ(before.fds_delta(), 0) << before.raw;
-    printf("  maps_delta after %d killed controllers: %lld (not checked)\n", killed_mid_run, before.maps_delta());
+    printf("  maps_delta after %d killed controllers: %lld (not checked)\n", killed_mid_run,
+           before.maps_delta());
     if (before.fields.count("epoll_eintr"))
       printf("  epoll_wait EINTRs (tolerated): %lld\n", before.fields.at("epoll_eintr"));
     EXPECT_GE(before.calls(), killed_mid_run) << "each controller made at least one call";
